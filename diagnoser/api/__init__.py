@@ -1,0 +1,1 @@
+"""HTTP routers and their dependencies."""

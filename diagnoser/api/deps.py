@@ -1,0 +1,29 @@
+"""Resources built once by the app's lifespan and handed to routes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from diagnoser.config import Settings
+from diagnoser.observability import Metrics
+from diagnoser.store.database import DatabaseUrl
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    settings: Settings
+    database: DatabaseUrl
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    redis: Redis | None
+    metrics: Metrics
+    schema_head: str
+
+
+def get_resources(request: Request) -> Resources:
+    resources: Resources = request.app.state.resources
+    return resources

@@ -1,0 +1,71 @@
+"""The HTTP composition root: `create_app(settings)` builds every resource once, in the lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from diagnoser import __version__
+from diagnoser.api import health
+from diagnoser.api.deps import Resources
+from diagnoser.config import Settings
+from diagnoser.observability import Metrics, MetricsMiddleware
+from diagnoser.store.database import create_service_engine, parse_database_url
+from diagnoser.store.migrate import head_revision, upgrade
+
+
+def create_app(settings: Settings) -> FastAPI:
+    database = parse_database_url(settings.database_url)
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if database.backend == "sqlite":
+            # The embedded default owns its file: migrate it here. PostgreSQL is shared by
+            # replicas, so there migration is the explicit `diagnoser migrate` step.
+            await anyio.to_thread.run_sync(upgrade, database)
+        engine = create_service_engine(
+            database,
+            pool_size=settings.db.pool_size,
+            connect_timeout_s=settings.db.connect_timeout_s,
+            echo=settings.db.echo,
+        )
+        redis = (
+            Redis.from_url(
+                settings.redis.url,
+                socket_timeout=settings.redis.socket_timeout_s,
+                socket_connect_timeout=settings.redis.socket_timeout_s,
+            )
+            if settings.redis.url
+            else None
+        )
+        app.state.resources = Resources(
+            settings=settings,
+            database=database,
+            engine=engine,
+            sessions=async_sessionmaker(engine, expire_on_commit=False),
+            redis=redis,
+            metrics=metrics,
+            schema_head=head_revision(),
+        )
+        try:
+            yield
+        finally:
+            if redis is not None:
+                await redis.aclose()
+            await engine.dispose()
+
+    app = FastAPI(
+        title="diagnoser",
+        version=__version__,
+        summary="Log diagnosis for GPU training clusters: ingest, rules, LLM, recovery actions.",
+        lifespan=lifespan,
+    )
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.include_router(health.router)
+    return app

@@ -1,0 +1,150 @@
+"""The `diagnoser` command line: a second composition root beside the app's lifespan."""
+
+from __future__ import annotations
+
+import errno
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from diagnoser import __version__
+from diagnoser.config import Settings
+from diagnoser.store.database import DatabaseUrl, InvalidDatabaseUrlError, parse_database_url
+
+app = typer.Typer(
+    name="diagnoser",
+    help="Log diagnosis for GPU training clusters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print one clear line and return the exit to raise: no traceback for operator errors."""
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"diagnoser {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """diagnoser: ingest training logs, diagnose failures, recommend recovery actions."""
+
+
+def build_settings(data_dir: Path | None, database_url: str | None) -> Settings:
+    overrides: dict[str, object] = {}
+    settings = Settings()
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    if database_url is not None:
+        overrides["db"] = settings.db.model_copy(update={"url": database_url})
+    return settings.model_copy(update=overrides) if overrides else settings
+
+
+def resolve_database(settings: Settings) -> DatabaseUrl:
+    try:
+        return parse_database_url(settings.database_url)
+    except InvalidDatabaseUrlError as exc:
+        raise fail(str(exc), 2) from exc
+
+
+def ensure_writable_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise fail(f"data directory {path} is not writable: {exc.strerror or exc}") from exc
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise fail(f"{host}:{port} is already in use: choose another --port") from exc
+            raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="Embedded SQLite directory [env DIAGNOSER_DATA_DIR]"),
+]
+DatabaseUrlOption = Annotated[
+    str | None,
+    typer.Option("--database-url", help="SQLAlchemy URL [env DIAGNOSER_DB__URL]"),
+]
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to listen on")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on")] = None,
+    data_dir: DataDirOption = None,
+    database_url: DatabaseUrlOption = None,
+) -> None:
+    """Run the HTTP service (embedded SQLite by default; no Redis or LLM needed)."""
+    import uvicorn
+
+    from diagnoser.app import create_app
+
+    settings = build_settings(data_dir, database_url)
+    settings = settings.model_copy(
+        update={"host": host or settings.host, "port": settings.port if port is None else port}
+    )
+    database = resolve_database(settings)
+    if database.sqlite_path is not None:
+        ensure_writable_dir(database.sqlite_path.parent)
+    ensure_port_free(settings.host, settings.port)
+    err.print(
+        f"diagnoser {__version__} on http://{settings.host}:{settings.port} "
+        f"(database {database.redacted()})"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=10,
+    )
+
+
+@app.command()
+def migrate(data_dir: DataDirOption = None, database_url: DatabaseUrlOption = None) -> None:
+    """Bring the database schema to the latest revision (explicit step for PostgreSQL)."""
+    from sqlalchemy.exc import OperationalError
+
+    from diagnoser.store.migrate import head_revision, upgrade
+
+    settings = build_settings(data_dir, database_url)
+    database = resolve_database(settings)
+    if database.sqlite_path is not None:
+        ensure_writable_dir(database.sqlite_path.parent)
+    try:
+        upgrade(database)
+    except OperationalError as exc:
+        first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise fail(f"cannot reach database {database.redacted()}: {first}") from exc
+    err.print(f"database {database.redacted()} is at revision {head_revision()}")
+
+
+def main() -> None:
+    app()

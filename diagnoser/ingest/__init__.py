@@ -1,0 +1,1 @@
+"""Ingest: framing of byte streams into lines, stream offsets, job events."""

@@ -1,0 +1,106 @@
+"""Database URLs and engines for the two supported backends: SQLite (embedded) and PostgreSQL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+SYNC_DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg"}
+ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
+
+
+class InvalidDatabaseUrlError(ValueError):
+    """The URL cannot be parsed or names a backend diagnoser does not support."""
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseUrl:
+    """One database, spelled for the sync driver (migrations) and the async one (the service)."""
+
+    backend: str
+    sync: URL
+    async_: URL
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        if self.backend != "sqlite" or not self.sync.database or self.sync.database == ":memory:":
+            return None
+        return Path(self.sync.database)
+
+    def redacted(self) -> str:
+        return self.sync.render_as_string(hide_password=True)
+
+
+def parse_database_url(raw: str) -> DatabaseUrl:
+    """Accept the spellings people paste (postgres://, postgresql://, sqlite:///...)."""
+    text = raw.strip()
+    if text.startswith("postgres://"):
+        text = "postgresql://" + text.removeprefix("postgres://")
+    try:
+        url = make_url(text)
+    except ArgumentError as exc:
+        raise InvalidDatabaseUrlError(f"cannot parse database URL {raw!r}") from exc
+    backend = url.get_backend_name()
+    if backend not in SYNC_DRIVERS:
+        raise InvalidDatabaseUrlError(
+            f"unsupported database backend {backend!r} in {raw!r}: use sqlite:///PATH "
+            "or postgresql+psycopg://USER@HOST:PORT/DB"
+        )
+    if backend == "sqlite" and not url.database:
+        raise InvalidDatabaseUrlError("a SQLite URL needs a file path: sqlite:////abs/path.db")
+    return DatabaseUrl(
+        backend=backend,
+        sync=url.set(drivername=SYNC_DRIVERS[backend]),
+        async_=url.set(drivername=ASYNC_DRIVERS[backend]),
+    )
+
+
+def _connect_args(db: DatabaseUrl, connect_timeout_s: float) -> dict[str, Any]:
+    if db.backend == "postgresql":
+        return {"connect_timeout": max(1, round(connect_timeout_s))}
+    return {"timeout": connect_timeout_s}
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    """WAL lets readers run beside the single writer; foreign keys are off by default in SQLite."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=5000")
+        cursor.close()
+
+
+def create_sync_engine(db: DatabaseUrl, *, connect_timeout_s: float = 3.0) -> Engine:
+    engine = create_engine(
+        db.sync, connect_args=_connect_args(db, connect_timeout_s), pool_pre_ping=True
+    )
+    if db.backend == "sqlite":
+        _tune_sqlite(engine)
+    return engine
+
+
+def create_service_engine(
+    db: DatabaseUrl, *, pool_size: int = 10, connect_timeout_s: float = 3.0, echo: bool = False
+) -> AsyncEngine:
+    """The service's engine; pre-ping lets it recover by itself when the server comes back."""
+    kwargs: dict[str, Any] = {
+        "connect_args": _connect_args(db, connect_timeout_s),
+        "pool_pre_ping": True,
+        "echo": echo,
+    }
+    if db.backend == "postgresql":
+        kwargs["pool_size"] = pool_size
+    engine = create_async_engine(db.async_, **kwargs)
+    if db.backend == "sqlite":
+        _tune_sqlite(engine.sync_engine)
+    return engine

@@ -1,0 +1,174 @@
+"""ORM rows for the core entities: jobs, log streams, job events, diagnoses, actions, filters."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+BigId = BigInteger().with_variant(Integer, "sqlite")
+"""SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit id."""
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timezone-aware timestamp on both backends (SQLite drops the zone on the way in)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: pass a timezone-aware value")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(253), primary_key=True)
+    family: Mapped[str | None] = mapped_column(String(253))
+    """Jobs of one family share learned filters (e.g. the same training recipe)."""
+    framework: Mapped[str | None] = mapped_column(String(64))
+    namespace: Mapped[str | None] = mapped_column(String(253))
+    kind: Mapped[str | None] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(253))
+    lines_received: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_received: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    last_activity_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+
+
+class LogStreamRow(Base):
+    """One byte stream of a job; `committed_offset` is what ingest acknowledged, durably."""
+
+    __tablename__ = "log_streams"
+    __table_args__ = (UniqueConstraint("job_id", "stream"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    stream: Mapped[str] = mapped_column(String(512))
+    node: Mapped[str] = mapped_column(String(253), index=True)
+    rank: Mapped[int | None] = mapped_column(Integer)
+    committed_offset: Mapped[int] = mapped_column(BigInteger, default=0)
+    lines: Mapped[int] = mapped_column(BigInteger, default=0)
+    truncated_lines: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
+
+
+class JobEventRow(Base):
+    """Lifecycle events (started, heartbeat, exited): exit codes and signals are evidence."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    type: Mapped[str] = mapped_column(String(32))
+    node: Mapped[str | None] = mapped_column(String(253))
+    rank: Mapped[int | None] = mapped_column(Integer)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    signal: Mapped[str | None] = mapped_column(String(32))
+    ts: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    received_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class DiagnosisRow(Base):
+    __tablename__ = "diagnoses"
+    __table_args__ = (Index("ix_diagnoses_job_id_created_at", "job_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    failure_type: Mapped[str | None] = mapped_column(String(128))
+    category: Mapped[str | None] = mapped_column(String(32), index=True)
+    summary: Mapped[str] = mapped_column(Text, default="")
+    culprit_nodes: Mapped[list[str]] = mapped_column(Json, default=list)
+    affected_ranks: Mapped[list[int]] = mapped_column(Json, default=list)
+    source: Mapped[str] = mapped_column(String(16))
+    rule_ids: Mapped[list[str]] = mapped_column(Json, default=list)
+    confidence: Mapped[float] = mapped_column(Float, default=0.0)
+    evidence: Mapped[list[dict[str, Any]]] = mapped_column(Json, default=list)
+    action: Mapped[str] = mapped_column(String(32))
+    progress: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    ruleset_digest: Mapped[str | None] = mapped_column(String(64))
+    llm: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    """Votes, model and prompt version when the LLM stage took part."""
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
+
+
+class ActionRow(Base):
+    """The outbox of recovery actions: written with its diagnosis, claimed by an operator."""
+
+    __tablename__ = "actions"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    diagnosis_id: Mapped[str] = mapped_column(
+        ForeignKey("diagnoses.id", ondelete="CASCADE"), index=True
+    )
+    job_id: Mapped[str] = mapped_column(String(253), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    target_nodes: Mapped[list[str]] = mapped_column(Json, default=list)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(253))
+    lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
+
+
+class FilterSetRow(Base):
+    """A learned, validated regex filter set, reused across the jobs of one family."""
+
+    __tablename__ = "filter_sets"
+    __table_args__ = (UniqueConstraint("family", "version"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    family: Mapped[str] = mapped_column(String(253))
+    version: Mapped[int] = mapped_column(Integer)
+    patterns: Mapped[list[str]] = mapped_column(Json, default=list)
+    jobs_seen: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    validated_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create .venv and install diagnoser into it (with dev tools when called with --dev).
+# Re-installs only when pyproject.toml changed since the last install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || { echo "error: diagnoser needs Python >= 3.11 ($python is $("$python" --version 2>&1))" >&2; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  if ! "$python" -m venv .venv 2>/dev/null; then
+    # Debian's python3 ships venv separately.
+    [ "$(id -u)" -eq 0 ] && apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+    rm -rf .venv && "$python" -m venv .venv
+  fi
+fi
+
+extras=""
+stamp=.venv/.installed
+if [ "${1:-}" = "--dev" ]; then
+  extras="[dev]"
+  stamp=.venv/.installed-dev
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e ".$extras"
+  touch "$stamp"
+fi

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set up and run everything CI runs: lint, format, types, import contracts, the whole test
+# suite against real PostgreSQL and Redis servers (installed from Debian packages if missing).
+# Extra arguments go to pytest (e.g. tests/store -x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh --dev
+./scripts/install-services.sh
+export DIAGNOSER_TEST_REQUIRE_SERVICES=1
+
+echo "== ruff check" && .venv/bin/ruff check .
+echo "== ruff format --check" && .venv/bin/ruff format --check .
+echo "== mypy --strict" && .venv/bin/mypy diagnoser tests
+echo "== import contracts" && .venv/bin/lint-imports
+echo "== pytest" && .venv/bin/pytest "$@"
