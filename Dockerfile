@@ -15,6 +15,7 @@ COPY rules /etc/diagnoser/rules
 COPY prompts /etc/diagnoser/prompts
 USER diagnoser
 ENV DIAGNOSER_DATA_DIR=/var/lib/diagnoser \
+    DIAGNOSER_RULES_DIR=/etc/diagnoser/rules \
     DIAGNOSER_HOST=0.0.0.0 \
     PYTHONUNBUFFERED=1
 EXPOSE 8080

@@ -11,10 +11,13 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from diagnoser import __version__
-from diagnoser.api import health
+from diagnoser.api import errors, health, jobs, logs
 from diagnoser.api.deps import Resources
 from diagnoser.config import Settings
+from diagnoser.ingest.admission import Admission
+from diagnoser.ingest.writer import StreamLocks, StreamWriter
 from diagnoser.observability import Metrics, MetricsMiddleware
+from diagnoser.pipeline import LineCounter, Pipeline
 from diagnoser.store.database import create_service_engine, parse_database_url
 from diagnoser.store.migrate import head_revision, upgrade
 
@@ -44,14 +47,19 @@ def create_app(settings: Settings) -> FastAPI:
             if settings.redis.url
             else None
         )
+        sessions = async_sessionmaker(engine, expire_on_commit=False)
+        pipeline = Pipeline([LineCounter()])
         app.state.resources = Resources(
             settings=settings,
             database=database,
             engine=engine,
-            sessions=async_sessionmaker(engine, expire_on_commit=False),
+            sessions=sessions,
             redis=redis,
             metrics=metrics,
             schema_head=head_revision(),
+            pipeline=pipeline,
+            writer=StreamWriter(sessions, pipeline, settings.ingest, StreamLocks()),
+            admission=Admission(settings.ingest.max_concurrent_requests),
         )
         try:
             yield
@@ -67,5 +75,8 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    errors.install(app)
     app.include_router(health.router)
+    app.include_router(logs.router)
+    app.include_router(jobs.router)
     return app

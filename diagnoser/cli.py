@@ -147,4 +147,7 @@ def migrate(data_dir: DataDirOption = None, database_url: DatabaseUrlOption = No
 
 
 def main() -> None:
+    from diagnoser.shipper.command import ship
+
+    app.command("ship")(ship)
     app()

@@ -12,6 +12,8 @@ from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 SQLITE_FILE_NAME = "diagnoser.db"
+SOURCE_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
+"""The shipped pack in a source checkout; containers set DIAGNOSER_RULES_DIR instead."""
 
 
 class DbSettings(BaseModel):
@@ -41,6 +43,20 @@ class LlmSettings(BaseModel):
         return self.base_url is not None
 
 
+class IngestSettings(BaseModel):
+    max_line_bytes: int = Field(default=64 * 1024, ge=256)
+    """Longer lines are truncated with a visible marker and counted."""
+    max_json_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """NDJSON and JSON bodies are parsed whole, so they are capped (413 above it)."""
+    idle_timeout_s: float = Field(default=60.0, gt=0)
+    """A request body that sends nothing for this long is committed and closed (408)."""
+    commit_every_bytes: int = Field(default=1024 * 1024, ge=1)
+    commit_every_s: float = Field(default=1.0, gt=0)
+    """A long-lived upload commits its offset at least this often, so a crash loses little."""
+    max_concurrent_requests: int = Field(default=512, ge=1)
+    """Ingest requests in flight at once; beyond it clients get 429 with Retry-After."""
+
+
 class AuthSettings(BaseModel):
     enabled: bool = False
     """Role-based bearer-token auth; off for the embedded single-user default."""
@@ -62,10 +78,13 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     log_level: str = "info"
+    rules_dir: Path = SOURCE_RULES_DIR
+    """The rule pack (`rules/*.yaml`): validated at start, watched and hot-reloaded."""
 
     db: DbSettings = DbSettings()
     redis: RedisSettings = RedisSettings()
     llm: LlmSettings = LlmSettings()
+    ingest: IngestSettings = IngestSettings()
     auth: AuthSettings = AuthSettings()
     actions: ActionSettings = ActionSettings()
 

@@ -9,7 +9,10 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from diagnoser.config import Settings
+from diagnoser.ingest.admission import Admission
+from diagnoser.ingest.writer import StreamWriter
 from diagnoser.observability import Metrics
+from diagnoser.pipeline import Pipeline
 from diagnoser.store.database import DatabaseUrl
 
 
@@ -22,6 +25,9 @@ class Resources:
     redis: Redis | None
     metrics: Metrics
     schema_head: str
+    pipeline: Pipeline
+    writer: StreamWriter
+    admission: Admission
 
 
 def get_resources(request: Request) -> Resources:

@@ -1,0 +1,143 @@
+"""Jobs: metadata, lifecycle events, and what ingest has received from each."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query
+from sqlalchemy import and_, or_, select
+
+from diagnoser.api.deps import Resources, get_resources
+from diagnoser.api.errors import ApiError
+from diagnoser.ingest.events import signal_name
+from diagnoser.ingest.records import parse_time
+from diagnoser.ingest.schemas import (
+    JobDetail,
+    JobEventIn,
+    JobEventOut,
+    JobEventType,
+    JobMetadata,
+    JobPage,
+    JobSummary,
+    StreamStatus,
+)
+from diagnoser.ingest.streams import ensure_job
+from diagnoser.store.models import JobEventRow, JobRow, LogStreamRow, utcnow
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+ResourcesDep = Annotated[Resources, Depends(get_resources)]
+JobId = Annotated[str, Path(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][\w.:@-]*$")]
+
+
+def _encode_cursor(job: JobRow) -> str:
+    raw = f"{job.last_activity_at.isoformat()}|{job.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        at, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(at), job_id
+    except (ValueError, binascii.Error) as exc:
+        raise ApiError(422, "invalid_request", "cursor: not a cursor this API returned") from exc
+
+
+@router.get("", response_model=JobPage)
+async def list_jobs(
+    resources: ResourcesDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: str | None = None,
+) -> JobPage:
+    """Jobs by most recent activity first."""
+    query = select(JobRow).order_by(JobRow.last_activity_at.desc(), JobRow.id.desc())
+    if cursor is not None:
+        at, job_id = _decode_cursor(cursor)
+        query = query.where(
+            or_(
+                JobRow.last_activity_at < at,
+                and_(JobRow.last_activity_at == at, JobRow.id < job_id),
+            )
+        )
+    async with resources.sessions() as session:
+        jobs = list(await session.scalars(query.limit(limit + 1)))
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    return JobPage(
+        jobs=[JobSummary.model_validate(job) for job in jobs],
+        next_cursor=_encode_cursor(jobs[-1]) if more else None,
+    )
+
+
+@router.get("/{job_id}", response_model=JobDetail, responses={404: {"description": "no such job"}})
+async def get_job(job_id: JobId, resources: ResourcesDep) -> JobDetail:
+    async with resources.sessions() as session:
+        job = await session.get(JobRow, job_id)
+        if job is None:
+            raise ApiError(404, "not_found", f"no job {job_id!r}")
+        streams = list(
+            await session.scalars(
+                select(LogStreamRow)
+                .where(LogStreamRow.job_id == job_id)
+                .order_by(LogStreamRow.stream)
+            )
+        )
+        exits = list(
+            await session.scalars(
+                select(JobEventRow)
+                .where(JobEventRow.job_id == job_id, JobEventRow.type == JobEventType.EXITED)
+                .order_by(JobEventRow.ts)
+            )
+        )
+    return JobDetail(
+        **JobSummary.model_validate(job).model_dump(),
+        nodes=sorted({s.node for s in streams}),
+        ranks=sorted({s.rank for s in streams if s.rank is not None}),
+        streams=[StreamStatus.model_validate(s) for s in streams],
+        exits=[JobEventOut.model_validate(e) for e in exits],
+    )
+
+
+@router.put("/{job_id}", response_model=JobSummary)
+async def put_job(job_id: JobId, metadata: JobMetadata, resources: ResourcesDep) -> JobSummary:
+    """Create the job or set its metadata (family, framework, Kubernetes namespace/kind/name)."""
+    values = metadata.model_dump(exclude_none=True)
+    async with resources.sessions.begin() as session:
+        await ensure_job(session, job_id, {})
+        job = await session.get(JobRow, job_id)
+        assert job is not None
+        for key, value in values.items():
+            setattr(job, key, value)
+        await session.flush()
+        return JobSummary.model_validate(job)
+
+
+@router.post("/{job_id}/events", response_model=JobEventOut, status_code=201)
+async def post_event(job_id: JobId, event: JobEventIn, resources: ResourcesDep) -> JobEventRow:
+    """Lifecycle: `started`, `heartbeat`, `exited` (exit codes and signals are evidence)."""
+    if isinstance(event.ts, datetime):
+        ts = event.ts if event.ts.tzinfo else event.ts.replace(tzinfo=UTC)
+    elif event.ts is not None and (epoch := parse_time(event.ts)) is not None:
+        ts = datetime.fromtimestamp(epoch, UTC)
+    else:
+        ts = utcnow()
+    async with resources.sessions.begin() as session:
+        await ensure_job(session, job_id, {})
+        job = await session.get(JobRow, job_id)
+        assert job is not None
+        job.last_activity_at = utcnow()
+        row = JobEventRow(
+            job_id=job_id,
+            type=event.type.value,
+            node=event.node,
+            rank=event.rank,
+            exit_code=event.exit_code,
+            signal=signal_name(event.exit_code, event.signal),
+            ts=ts,
+        )
+        session.add(row)
+        await session.flush()
+        await session.refresh(row)
+        return row

@@ -1,0 +1,183 @@
+"""Writing one request's bytes into a stream: dedupe by offset, frame, hand on, commit.
+
+Exactly-once line accounting rests on two facts. Commits are whole lines: the committed offset
+is always a line boundary, so a resend that starts anywhere before it is trimmed to the first
+byte not yet seen. And a commit moves the offset only from the value this writer read
+(compare-and-set), so two writers can never both count the same bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from diagnoser.config import IngestSettings
+from diagnoser.ingest.framing import Framer, LineBatch
+from diagnoser.ingest.streams import (
+    Progress,
+    commit_progress,
+    ensure_job,
+    get_or_create_stream,
+)
+from diagnoser.pipeline import Pipeline, StreamKey
+
+
+class OffsetGapError(Exception):
+    """The client skipped bytes the server never saw."""
+
+    def __init__(self, expected: int) -> None:
+        super().__init__(f"offset is beyond the committed offset {expected}")
+        self.expected = expected
+
+
+class StreamBusyError(Exception):
+    """Another request is writing this stream right now (in this process or another)."""
+
+
+class IdleTimeoutError(Exception):
+    """The client stopped sending; what arrived before is committed."""
+
+    def __init__(self, outcome: WriteOutcome) -> None:
+        super().__init__("no bytes received within the idle timeout")
+        self.outcome = outcome
+
+
+@dataclass(slots=True)
+class WriteOutcome:
+    lines_accepted: int = 0
+    duplicate_bytes: int = 0
+    truncated_lines: int = 0
+    next_offset: int = 0
+
+
+@dataclass
+class StreamLocks:
+    """One lock per live stream; an idle stream's lock is garbage-collected, costing nothing."""
+
+    _locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
+
+    def get(self, job_id: str, stream: str) -> asyncio.Lock:
+        key = (job_id, stream)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[key] = lock
+        return lock
+
+
+@dataclass
+class _Commits:
+    """Offsets and counts since the last commit of one write."""
+
+    sessions: async_sessionmaker[AsyncSession]
+    key: StreamKey
+    stream_id: int
+    committed: int
+    outcome: WriteOutcome
+    lines: int = 0
+    truncated: int = 0
+    at: float = field(default_factory=time.monotonic)
+
+    def add(self, batch: LineBatch) -> None:
+        self.lines += len(batch.lines)
+        self.truncated += batch.truncated
+
+    async def commit(self, offset: int) -> None:
+        if offset == self.committed and not self.lines:
+            return
+        progress = Progress(self.committed, offset, self.lines, self.truncated)
+        async with self.sessions.begin() as session:
+            won = await commit_progress(session, self.key.job_id, self.stream_id, progress)
+        if not won:
+            raise StreamBusyError("the stream's offset moved under this request")
+        self.outcome.lines_accepted += self.lines
+        self.outcome.truncated_lines += self.truncated
+        self.outcome.next_offset = self.committed = offset
+        self.lines = self.truncated = 0
+        self.at = time.monotonic()
+
+
+@dataclass
+class StreamWriter:
+    sessions: async_sessionmaker[AsyncSession]
+    pipeline: Pipeline
+    settings: IngestSettings
+    locks: StreamLocks
+
+    async def write(
+        self,
+        key: StreamKey,
+        chunks: AsyncIterator[bytes],
+        *,
+        offset: int | None,
+        job_metadata: dict[str, str],
+    ) -> WriteOutcome:
+        """Append `chunks` to the stream at `offset` (None: at the committed offset).
+
+        With an offset the body is a byte range: a trailing partial line is not committed and
+        must be resent. Without one the body is whole lines: an unterminated last line counts.
+        """
+        lock = self.locks.get(key.job_id, key.stream)
+        if lock.locked():
+            raise StreamBusyError("another request is writing this stream")
+        async with lock:
+            async with self.sessions.begin() as session:
+                await ensure_job(session, key.job_id, job_metadata)
+                row = await get_or_create_stream(
+                    session, key.job_id, key.stream, key.node, key.rank
+                )
+                stream_id, committed, lines = row.id, row.committed_offset, row.lines
+            if offset is not None and offset > committed:
+                raise OffsetGapError(committed)
+            outcome = WriteOutcome(next_offset=committed)
+            commits = _Commits(self.sessions, key, stream_id, committed, outcome)
+            framer = Framer(committed, lines + 1, max_line_bytes=self.settings.max_line_bytes)
+            skip = 0 if offset is None else committed - offset
+            try:
+                async for received in self._with_idle_timeout(chunks):
+                    chunk = received
+                    if skip:
+                        dropped = min(skip, len(chunk))
+                        outcome.duplicate_bytes += dropped
+                        skip -= dropped
+                        chunk = chunk[dropped:]
+                    if not chunk:
+                        continue
+                    self._hand_on(key, framer.feed(chunk), commits)
+                    if (
+                        framer.offset - commits.committed >= self.settings.commit_every_bytes
+                        or time.monotonic() - commits.at >= self.settings.commit_every_s
+                    ):
+                        await commits.commit(framer.offset)
+            except TimeoutError:
+                await commits.commit(framer.offset)
+                raise IdleTimeoutError(outcome) from None
+            except BaseException:
+                # Client gone or server stopping: keep every whole line that arrived.
+                await asyncio.shield(commits.commit(framer.offset))
+                raise
+            if offset is None:
+                self._hand_on(key, framer.close(), commits)
+            await commits.commit(framer.offset)
+            return outcome
+
+    def _hand_on(self, key: StreamKey, batch: LineBatch, commits: _Commits) -> None:
+        self.pipeline.process(key, batch)
+        commits.add(batch)
+
+    async def _with_idle_timeout(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        iterator = aiter(chunks)
+        while True:
+            try:
+                async with asyncio.timeout(self.settings.idle_timeout_s):
+                    chunk = await anext(iterator)
+            except StopAsyncIteration:
+                return
+            yield chunk

@@ -1,0 +1,326 @@
+"""Ingest over real HTTP against a real `diagnoser serve`, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from diagnoser.store.database import parse_database_url
+from diagnoser.store.migrate import upgrade
+from tests.servers import PostgresServer, ServiceProcess
+
+TEXT = {"Content-Type": "text/plain"}
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    data_dir = tmp_path_factory.mktemp("data")
+    env = {
+        "DIAGNOSER_DATA_DIR": str(data_dir),
+        "DIAGNOSER_INGEST__IDLE_TIMEOUT_S": "1",
+        "DIAGNOSER_INGEST__MAX_JSON_BODY_BYTES": "4096",
+        "DIAGNOSER_INGEST__MAX_LINE_BYTES": "1024",
+    }
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        url = server.create_database()
+        upgrade(parse_database_url(url))
+        env["DIAGNOSER_DB__URL"] = url
+    process = ServiceProcess(env=env)
+    process.start()
+    yield process
+    process.stop()
+
+
+def logs_url(service: ServiceProcess, job: str) -> str:
+    return f"{service.base_url}/v1/jobs/{job}/logs"
+
+
+def job(service: ServiceProcess, job_id: str) -> dict[str, object]:
+    response = httpx.get(f"{service.base_url}/v1/jobs/{job_id}")
+    assert response.status_code == 200, response.text
+    body: dict[str, object] = response.json()
+    return body
+
+
+def stream_status(service: ServiceProcess, job_id: str, node: str) -> dict[str, int]:
+    body: dict[str, int] = httpx.get(logs_url(service, job_id), params={"node": node}).json()
+    return body
+
+
+def post(
+    service: ServiceProcess, job_id: str, content: bytes, **params: str | int
+) -> httpx.Response:
+    return httpx.post(logs_url(service, job_id), params=params, content=content, headers=TEXT)
+
+
+def test_lines_and_offsets_survive_awkward_chunk_boundaries(service: ServiceProcess) -> None:
+    data = "step 1 loss 2.5\r\nrank 3 température élevée ✓\r\nlast\n".encode()
+    # Every split point: inside \r\n and inside multibyte characters included.
+    pieces = [data[i : i + 1] for i in range(len(data))]
+
+    async def upload() -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            for piece in pieces:
+                yield piece
+
+        async with httpx.AsyncClient() as client:
+            return await client.post(
+                logs_url(service, "chunks"),
+                params={"node": "n1", "offset": 0},
+                content=body(),
+                headers=TEXT,
+            )
+
+    response = asyncio.run(upload())
+    assert response.status_code == 200, response.text
+    assert response.json()["lines_accepted"] == 3
+    assert response.json()["next_offset"] == len(data)
+
+
+def test_a_resend_of_overlapping_bytes_is_deduplicated(service: ServiceProcess) -> None:
+    lines = b"".join(f"iteration {i} loss {i / 7:.4f}\n".encode() for i in range(100))
+    first = post(service, "resend", lines[:1000], node="n1", offset=0)
+    # The first body ends mid-line: only whole lines are committed, the rest must be resent.
+    committed = first.json()["next_offset"]
+    assert committed < 1000
+    assert lines[committed - 1 : committed] == b"\n"
+    again = post(service, "resend", lines[500:], node="n1", offset=500)
+    assert again.status_code == 200
+    assert again.json()["duplicate_bytes"] == committed - 500
+    assert again.json()["next_offset"] == len(lines)
+    assert stream_status(service, "resend", "n1")["lines"] == 100
+    # The same bytes once more: nothing new.
+    third = post(service, "resend", lines, node="n1", offset=0)
+    assert third.json()["lines_accepted"] == 0
+    assert third.json()["duplicate_bytes"] == len(lines)
+
+
+def test_a_gap_is_refused_with_the_expected_offset(service: ServiceProcess) -> None:
+    post(service, "gap", b"one\ntwo\n", node="n1", offset=0)
+    response = post(service, "gap", b"four\n", node="n1", offset=100)
+    assert response.status_code == 409
+    assert response.json()["error"] == "offset_gap"
+    assert response.json()["expected_offset"] == 8
+    assert stream_status(service, "gap", "n1")["lines"] == 2
+
+
+def test_appends_without_offset_count_an_unterminated_last_line(service: ServiceProcess) -> None:
+    assert post(service, "append", b"a\nb", node="n1").json()["next_offset"] == 3
+    assert post(service, "append", b"c\n", node="n1").json()["next_offset"] == 5
+    assert stream_status(service, "append", "n1")["lines"] == 3
+
+
+def test_two_hundred_concurrent_streams_lose_and_double_nothing(service: ServiceProcess) -> None:
+    per_stream = 500
+    body = b"".join(f"[rank{i}]: step {i} ok\n".encode() for i in range(per_stream))
+
+    async def send_all() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        logs_url(service, "wide"),
+                        params={"node": f"node-{n // 8}", "rank": n, "offset": 0},
+                        content=body,
+                        headers=TEXT,
+                    )
+                    for n in range(200)
+                )
+            )
+
+    responses = asyncio.run(send_all())
+    assert [r.status_code for r in responses] == [200] * 200
+    detail = job(service, "wide")
+    assert detail["lines_received"] == 200 * per_stream
+    assert detail["bytes_received"] == 200 * len(body)
+    assert len(detail["streams"]) == 200  # type: ignore[arg-type]
+    assert detail["nodes"] == sorted(f"node-{n}" for n in range(25))
+
+
+def test_hostile_bytes_are_accepted_and_giant_lines_truncated(service: ServiceProcess) -> None:
+    body = b"ok\n\xff\xfe bad utf-8\nnul\x00byte\n\x1b[31mred\x1b[0m\n" + b"x" * 5000 + b"\n"
+    response = post(service, "hostile", body, node="n1", offset=0)
+    assert response.status_code == 200
+    assert response.json()["lines_accepted"] == 5
+    assert response.json()["truncated_lines"] == 1
+    assert response.json()["next_offset"] == len(body)
+
+
+def test_fluent_bit_json_and_ndjson_records(service: ServiceProcess) -> None:
+    fluent_bit = [
+        {"date": 1714557600.25, "log": "NCCL INFO Bootstrap : Using eth0\n"},
+        {"date": 1714557601.5, "log": "step 10", "kubernetes": {"host": "gpu-7"}},
+    ]
+    response = httpx.post(logs_url(service, "records"), params={"node": "gpu-1"}, json=fluent_bit)
+    assert response.status_code == 200, response.text
+    ndjson = b'{"line": "hello", "ts": "2024-05-01T10:00:00Z"}\n{"line": "r3", "rank": 3}\n'
+    response = httpx.post(
+        logs_url(service, "records"),
+        params={"node": "gpu-1"},
+        content=ndjson,
+        headers={"Content-Type": "application/x-ndjson"},
+    )
+    assert response.status_code == 200
+    streams = {s["stream"]: s["lines"] for s in job(service, "records")["streams"]}  # type: ignore[attr-defined]
+    assert streams == {"gpu-1": 2, "gpu-7": 1, "gpu-1/3": 1}
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "status", "error"),
+    [
+        ("application/x-www-form-urlencoded", b"a=b", 415, "unsupported_media_type"),
+        ("application/x-ndjson", b'{"line": 1}\n', 422, "invalid_request"),
+        ("application/json", b"[{", 422, "invalid_request"),
+        (
+            "application/json",
+            b"[" + b'{"log": "x"},' * 500 + b'{"log": "x"}]',
+            413,
+            "payload_too_large",
+        ),
+    ],
+)
+def test_bad_bodies_get_a_clear_json_error(
+    service: ServiceProcess, content_type: str, body: bytes, status: int, error: str
+) -> None:
+    response = httpx.post(
+        logs_url(service, "bad"),
+        params={"node": "n1"},
+        content=body,
+        headers={"Content-Type": content_type},
+    )
+    assert response.status_code == status
+    assert response.json()["error"] == error
+    assert response.json()["detail"]
+
+
+def test_missing_node_is_a_422_naming_the_parameter(service: ServiceProcess) -> None:
+    response = post(service, "bad", b"x\n")
+    assert response.status_code == 422
+    assert "node" in response.json()["detail"]
+
+
+def test_an_idle_upload_is_closed_and_keeps_what_arrived(service: ServiceProcess) -> None:
+    async def stall() -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"before the stall\nhalf a li"
+            await asyncio.sleep(3)
+            yield b"ne\n"
+
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await client.post(
+                logs_url(service, "idle"),
+                params={"node": "n1", "offset": 0},
+                content=body(),
+                headers=TEXT,
+            )
+
+    response = asyncio.run(stall())
+    assert response.status_code == 408
+    assert response.json()["next_offset"] == len(b"before the stall\n")
+    assert stream_status(service, "idle", "n1")["lines"] == 1
+
+
+def test_a_busy_stream_answers_429_with_retry_after(service: ServiceProcess) -> None:
+    async def race() -> tuple[httpx.Response, httpx.Response]:
+        gate = asyncio.Event()
+
+        async def slow() -> AsyncIterator[bytes]:
+            yield b"first\n"
+            await gate.wait()
+            yield b"second\n"
+
+        async with httpx.AsyncClient(timeout=30) as client:
+            first = asyncio.create_task(
+                client.post(
+                    logs_url(service, "busy"),
+                    params={"node": "n1", "offset": 0},
+                    content=slow(),
+                    headers=TEXT,
+                )
+            )
+            await asyncio.sleep(0.3)
+            second = await client.post(
+                logs_url(service, "busy"), params={"node": "n1"}, content=b"x\n", headers=TEXT
+            )
+            gate.set()
+            return await first, second
+
+    first, second = asyncio.run(race())
+    assert first.status_code == 200
+    assert second.status_code == 429
+    assert second.headers["Retry-After"] == "1"
+    assert second.json()["error"] == "stream_busy"
+
+
+def test_lifecycle_events_are_evidence_on_the_job(service: ServiceProcess) -> None:
+    url = f"{service.base_url}/v1/jobs/life/events"
+    assert httpx.post(url, json={"type": "started", "node": "n1", "rank": 0}).status_code == 201
+    exited = httpx.post(url, json={"type": "exited", "node": "n1", "rank": 0, "exit_code": 137})
+    assert exited.json()["signal"] == "SIGKILL"
+    assert httpx.post(url, json={"type": "crashed"}).status_code == 422
+    exits = job(service, "life")["exits"]
+    assert [(e["exit_code"], e["signal"]) for e in exits] == [(137, "SIGKILL")]  # type: ignore[attr-defined]
+
+
+def test_job_metadata_from_headers_and_put(service: ServiceProcess) -> None:
+    headers = {**TEXT, "X-Diagnoser-Job-Family": "llama-70b", "X-Diagnoser-Job-Kind": "PyTorchJob"}
+    httpx.post(logs_url(service, "meta"), params={"node": "n1"}, content=b"x\n", headers=headers)
+    put = httpx.put(
+        f"{service.base_url}/v1/jobs/meta", json={"namespace": "team-a", "name": "run7"}
+    )
+    assert put.status_code == 200
+    detail = job(service, "meta")
+    assert (detail["family"], detail["kind"], detail["namespace"], detail["name"]) == (
+        "llama-70b", "PyTorchJob", "team-a", "run7",
+    )  # fmt: skip
+    assert httpx.put(f"{service.base_url}/v1/jobs/meta", json={"owner": "x"}).status_code == 422
+
+
+def test_job_list_pages_by_recent_activity(service: ServiceProcess) -> None:
+    for n in range(3):
+        post(service, f"page-{n}", b"x\n", node="n1")
+        time.sleep(0.01)
+    first = httpx.get(f"{service.base_url}/v1/jobs", params={"limit": 2}).json()
+    assert [j["id"] for j in first["jobs"]] == ["page-2", "page-1"]
+    second = httpx.get(
+        f"{service.base_url}/v1/jobs", params={"limit": 2, "cursor": first["next_cursor"]}
+    ).json()
+    assert second["jobs"][0]["id"] == "page-0"
+
+
+def test_acknowledged_lines_survive_a_restart(tmp_path: Path) -> None:
+    process = ServiceProcess(env={"DIAGNOSER_DATA_DIR": str(tmp_path)})
+    process.start()
+    try:
+        assert post(process, "durable", b"a\nb\nc\n", node="n1", offset=0).status_code == 200
+        process.stop()
+        process.start()
+        status = stream_status(process, "durable", "n1")
+        assert (status["committed_offset"], status["lines"]) == (6, 3)
+    finally:
+        process.stop()
+
+
+def test_gzipped_fluent_bit_bodies_and_zip_bombs(service: ServiceProcess) -> None:
+    records = json.dumps([{"date": "2024-05-01T10:00:00.000681Z", "log": "x"}] * 10).encode()
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    url = logs_url(service, "gzip")
+    response = httpx.post(
+        url, params={"node": "n1"}, content=gzip.compress(records), headers=headers
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["lines_accepted"] == 10
+    bomb = gzip.compress(b"[" + b" " * 50_000_000 + b"]")
+    response = httpx.post(url, params={"node": "n1"}, content=bomb, headers=headers)
+    assert response.status_code == 413
