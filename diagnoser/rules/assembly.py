@@ -1,0 +1,269 @@
+"""Multi-line events: Python tracebacks, torchrun ChildFailedError reports, NCCL error reports.
+
+An assembler is opened by a trigger line (found by the prefilter), is offered the following
+lines of the same stream and rank, and closes into a `Block` that block rules match. The
+engine keeps one open assembler per (stream, rank), across batches.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from enum import Enum
+
+import regex
+
+from diagnoser.rules.schema import Unit
+
+TRIGGERS: dict[Unit, tuple[str, ...]] = {
+    Unit.TRACEBACK: ("Traceback (most recent call last)",),
+    Unit.CHILD_FAILED: ("ChildFailedError",),
+    Unit.NCCL_ERROR: (
+        "NCCL error",
+        "NCCL Error",
+        "ncclSystemError",
+        "ncclRemoteError",
+        "ncclInternalError",
+        "ncclUnhandledCudaError",
+        "ncclInvalidUsage",
+        "unhandled system error",
+        "unhandled cuda error",
+        "remote process exited or there was a network error",
+        "internal error - please report this issue",
+    ),
+}
+"""Literal anchors that open a block, fed to the prefilter next to the rules' anchors."""
+
+_PREFIX = regex.compile(
+    r"^(?:\[(?:rank|[a-z]+)?\d+\]:[ ]?|\d{1,5}: |\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)[ ]?)"
+)
+_EXCEPTION_LINE = regex.compile(
+    r"^(?P<qualname>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Z]\w*[a-z]\w*))(?::[ ]?(?P<message>.*))?$"
+)
+_FIELD = regex.compile(r"^\s*(?P<key>\w+)\s*:\s*(?P<value>.*?)\s*$")
+_SIGNAL_TEXT = regex.compile(r"\b(SIG[A-Z0-9]+)\b")
+_NCCL_CONTINUATION = regex.compile(r"^\s*(?:nccl[A-Z]\w*:|Last error:)")
+_NCCL_VERSION = regex.compile(r"NCCL version (?P<v>[\d.]+\S*)")
+
+MAX_TRACEBACK_LINES = 400
+MAX_TRACEBACK_NOISE = 20
+MAX_CHILD_FAILED_LINES = 200
+MAX_NCCL_LINES = 12
+
+
+def strip_prefix(line: str) -> str:
+    """Drop a launcher prefix (`[rank3]: `, `[default0]:`, srun `3: `, Ray `(Worker pid=12) `).
+
+    Framing keeps these in the text (evidence must match the user's log); assembly reads past them.
+    """
+    m = _PREFIX.match(line)
+    return line[m.end() :] if m else line
+
+
+class Verdict(Enum):
+    CONTINUE = 1
+    """The line belongs to the block; the block stays open."""
+    CLOSE_WITH = 2
+    """The line completes the block."""
+    CLOSE_WITHOUT = 3
+    """The line does not belong; the block is complete without it."""
+    ABANDON = 4
+    """The line does not belong and the block can never be completed: drop it."""
+
+
+@dataclass(slots=True)
+class Block:
+    """A completed multi-line unit, ready for block rules."""
+
+    unit: Unit
+    text: str
+    """What block rules' patterns match."""
+    lines: list[str]
+    entities: dict[str, str]
+    offset: int
+    line_no: int
+    evidence: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Assembler:
+    """Base: accumulates the raw lines of one open block."""
+
+    unit: Unit
+    offset: int
+    line_no: int
+    lines: list[str] = field(default_factory=list)
+    key_offset: int = 0
+    key_line_no: int = 0
+    preceding: tuple[str, ...] = ()
+    """Frames of a traceback whose exception line opened this block: kept as evidence."""
+
+    def offer(self, line: str, offset: int, line_no: int) -> Verdict:
+        raise NotImplementedError
+
+    def finish(self) -> Block | None:
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class TracebackAssembler(Assembler):
+    noise: int = 0
+    exception: str | None = None
+
+    def offer(self, line: str, offset: int, line_no: int) -> Verdict:
+        body = strip_prefix(line)
+        if len(self.lines) >= MAX_TRACEBACK_LINES or TRIGGERS[Unit.TRACEBACK][0] in body:
+            return Verdict.ABANDON
+        if body[:1].isspace() or not body:
+            self.lines.append(line)
+            return Verdict.CONTINUE
+        if _EXCEPTION_LINE.match(body):
+            self.lines.append(line)
+            self.exception = body
+            self.key_offset, self.key_line_no = offset, line_no
+            return Verdict.CLOSE_WITH
+        # Another thread's output between frames: tolerate a little, then give up.
+        self.noise += 1
+        return Verdict.ABANDON if self.noise > MAX_TRACEBACK_NOISE else Verdict.CONTINUE
+
+    def finish(self) -> Block | None:
+        if self.exception is None:
+            return None
+        m = _EXCEPTION_LINE.match(self.exception)
+        entities: dict[str, str] = {}
+        if m:
+            entities = {"exception": m["name"], "exception_qualname": m["qualname"]}
+        frames = [ln for ln in self.lines if strip_prefix(ln).lstrip().startswith('File "')]
+        if frames:
+            entities["last_frame"] = strip_prefix(frames[-1]).strip()
+        return Block(
+            unit=self.unit,
+            text=self.exception,
+            lines=self.lines,
+            entities=entities,
+            offset=self.key_offset,
+            line_no=self.key_line_no,
+            evidence=tuple(self.lines[:-1]),
+        )
+
+
+@dataclass(slots=True)
+class ChildFailedAssembler(Assembler):
+    in_root_cause: bool = False
+    complete: bool = False
+    fields: dict[str, str] = field(default_factory=dict)
+    script: str | None = None
+
+    def offer(self, line: str, offset: int, line_no: int) -> Verdict:
+        body = strip_prefix(line).strip()
+        if TRIGGERS[Unit.TRACEBACK][0] in body or len(self.lines) >= MAX_CHILD_FAILED_LINES:
+            return Verdict.CLOSE_WITHOUT
+        self.lines.append(line)
+        if body.startswith("Root Cause"):
+            self.in_root_cause = True
+        elif body.startswith("===="):
+            if self.in_root_cause:
+                return Verdict.CLOSE_WITH
+        elif body.endswith(" FAILED") and self.script is None:
+            self.script = body[: -len(" FAILED")]
+        elif self.in_root_cause and (m := _FIELD.match(body)):
+            self.fields.setdefault(m["key"], m["value"])
+        return Verdict.CONTINUE
+
+    def finish(self) -> Block | None:
+        if not self.fields:
+            return None
+        f = self.fields
+        entities: dict[str, str] = {}
+        if "host" in f:
+            entities["host"] = f["host"]
+        rank = regex.match(
+            r"(?P<rank>-?\d+)(?:\s*\(local_rank:\s*(?P<local>\d+)\))?", f.get("rank", "")
+        )
+        if rank:
+            entities["rank"] = rank["rank"]
+            if rank["local"] is not None:
+                entities["local_rank"] = rank["local"]
+        code = regex.match(r"(?P<code>-?\d+)(?:\s*\(pid:\s*(?P<pid>\d+)\))?", f.get("exitcode", ""))
+        if code:
+            entities["exitcode"] = code["code"]
+            if code["pid"] is not None:
+                entities["pid"] = code["pid"]
+        sig = _signal_name(f.get("exitcode", ""), f.get("traceback", ""), entities.get("exitcode"))
+        if sig:
+            entities["signal"] = sig
+        if "time" in f:
+            entities["failed_at"] = f["time"]
+        if self.script:
+            entities["script"] = self.script
+        summary = f"exitcode={entities.get('exitcode', '?')} signal={sig or 'none'}"
+        return Block(
+            unit=self.unit,
+            text=summary,
+            lines=self.lines,
+            entities=entities,
+            offset=self.offset,
+            line_no=self.line_no,
+            evidence=self.preceding + tuple(self.lines),
+        )
+
+
+def _signal_name(exitcode_field: str, traceback_field: str, exitcode: str | None) -> str | None:
+    for text in (exitcode_field, traceback_field):
+        if m := _SIGNAL_TEXT.search(text):
+            return m[1]
+    if exitcode and exitcode.startswith("-"):
+        try:
+            return signal.Signals(-int(exitcode)).name
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass(slots=True)
+class NcclErrorAssembler(Assembler):
+    expect_detail: bool = False
+
+    def offer(self, line: str, offset: int, line_no: int) -> Verdict:
+        if len(self.lines) >= MAX_NCCL_LINES:
+            return Verdict.CLOSE_WITHOUT
+        body = strip_prefix(line)
+        if self.expect_detail or _NCCL_CONTINUATION.match(body):
+            self.expect_detail = body.strip() == "Last error:"
+            self.lines.append(line)
+            return Verdict.CONTINUE
+        return Verdict.CLOSE_WITHOUT
+
+    def finish(self) -> Block | None:
+        bodies = [strip_prefix(ln).strip() for ln in self.lines]
+        entities: dict[str, str] = {}
+        for i, body in enumerate(bodies):
+            if body == "Last error:" and i + 1 < len(bodies):
+                entities["last_error"] = bodies[i + 1]
+            if m := _NCCL_VERSION.search(body):
+                entities.setdefault("nccl_version", m["v"].rstrip(",."))
+        return Block(
+            unit=self.unit,
+            text="\n".join(bodies),
+            lines=self.lines,
+            entities=entities,
+            offset=self.offset,
+            line_no=self.line_no,
+            evidence=self.preceding + tuple(self.lines),
+        )
+
+
+_KINDS: dict[Unit, type[Assembler]] = {
+    Unit.TRACEBACK: TracebackAssembler,
+    Unit.CHILD_FAILED: ChildFailedAssembler,
+    Unit.NCCL_ERROR: NcclErrorAssembler,
+}
+
+
+def open_block(
+    unit: Unit, line: str, offset: int, line_no: int, preceding: tuple[str, ...] = ()
+) -> Assembler:
+    """Start a block on its trigger line."""
+    assembler = _KINDS[unit](unit=unit, offset=offset, line_no=line_no, preceding=preceding)
+    assembler.lines.append(line)
+    return assembler
