@@ -11,13 +11,16 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from diagnoser import __version__
-from diagnoser.api import errors, health, jobs, logs
+from diagnoser.api import errors, health, jobs, logs, rules
 from diagnoser.api.deps import Resources
 from diagnoser.config import Settings
+from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.ingest.admission import Admission
 from diagnoser.ingest.writer import StreamLocks, StreamWriter
 from diagnoser.observability import Metrics, MetricsMiddleware
 from diagnoser.pipeline import LineCounter, Pipeline
+from diagnoser.reload import RuleReloader
+from diagnoser.rules import RuleRegistry
 from diagnoser.store.database import create_service_engine, parse_database_url
 from diagnoser.store.migrate import head_revision, upgrade
 
@@ -48,7 +51,9 @@ def create_app(settings: Settings) -> FastAPI:
             else None
         )
         sessions = async_sessionmaker(engine, expire_on_commit=False)
-        pipeline = Pipeline([LineCounter()])
+        registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
+        reloader = RuleReloader(registry)
+        pipeline = Pipeline([LineCounter(), DiagnosisStage(registry)])
         app.state.resources = Resources(
             settings=settings,
             database=database,
@@ -60,9 +65,14 @@ def create_app(settings: Settings) -> FastAPI:
             pipeline=pipeline,
             writer=StreamWriter(sessions, pipeline, settings.ingest, StreamLocks()),
             admission=Admission(settings.ingest.max_concurrent_requests),
+            reloader=reloader,
         )
         try:
-            yield
+            async with anyio.create_task_group() as background:
+                if settings.rules_watch:
+                    background.start_soon(reloader.watch)
+                yield
+                background.cancel_scope.cancel()
         finally:
             if redis is not None:
                 await redis.aclose()
@@ -79,4 +89,5 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(health.router)
     app.include_router(logs.router)
     app.include_router(jobs.router)
+    app.include_router(rules.router)
     return app

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import errno
+import json
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -13,6 +14,9 @@ from rich.console import Console
 from diagnoser import __version__
 from diagnoser.config import Settings
 from diagnoser.store.database import DatabaseUrl, InvalidDatabaseUrlError, parse_database_url
+
+if TYPE_CHECKING:
+    from diagnoser.rules import RuleSet
 
 app = typer.Typer(
     name="diagnoser",
@@ -114,6 +118,7 @@ def serve(
     if database.sqlite_path is not None:
         ensure_writable_dir(database.sqlite_path.parent)
     ensure_port_free(settings.host, settings.port)
+    _load_rules(settings.rules_dir)  # a broken pack stops here, with the reason, not mid-start
     err.print(
         f"diagnoser {__version__} on http://{settings.host}:{settings.port} "
         f"(database {database.redacted()})"
@@ -144,6 +149,109 @@ def migrate(data_dir: DataDirOption = None, database_url: DatabaseUrlOption = No
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise fail(f"cannot reach database {database.redacted()}: {first}") from exc
     err.print(f"database {database.redacted()} is at revision {head_revision()}")
+
+
+def _load_rules(directory: Path) -> RuleSet:
+    from diagnoser.rules import RuleLoadError, load_dir
+
+    try:
+        return load_dir(directory)
+    except RuleLoadError as exc:
+        raise fail(str(exc)) from exc
+
+
+RulesDirOption = Annotated[
+    Path | None, typer.Option("--rules-dir", help="Rule pack directory [env DIAGNOSER_RULES_DIR]")
+]
+
+
+@app.command()
+def diagnose(
+    paths: Annotated[list[Path], typer.Argument(help="One log file per node", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    job: Annotated[str | None, typer.Option(help="Job name, for the report only")] = None,
+    node_map: Annotated[
+        list[str] | None,
+        typer.Option("--node-map", help="FILE=NODE: name a file's node (repeatable)"),
+    ] = None,
+    rules_dir: RulesDirOption = None,
+) -> None:
+    """Diagnose log files in-process, no server: each file is one node's log."""
+    from diagnoser.diagnosis.offline import diagnose as run_diagnosis
+    from diagnoser.diagnosis.offline import node_logs
+    from diagnoser.diagnosis.report import render
+
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise fail(f"no such file: {', '.join(missing)}", 2)
+    mapping: dict[str, str] = {}
+    for item in node_map or []:
+        file_name, sep, node = item.partition("=")
+        if not sep or not file_name or not node:
+            raise fail(f"--node-map takes FILE=NODE, got {item!r}", 2)
+        mapping[file_name] = node
+    ruleset = _load_rules(rules_dir or Settings().rules_dir)
+    result = run_diagnosis(node_logs(paths, mapping), ruleset)
+    if as_json:
+        typer.echo(json.dumps(result.as_json(), ensure_ascii=False))
+        return
+    out = Console(highlight=False)
+    if job:
+        out.print(f"job [bold]{job}[/]")
+    render(result, out)
+
+
+rules_app = typer.Typer(help="Validate and try the rule pack.", no_args_is_help=True)
+app.add_typer(rules_app, name="rules")
+
+
+@rules_app.command("check")
+def rules_check(
+    directory: Annotated[
+        Path | None, typer.Argument(help="Rule directory [default: the pack]")
+    ] = None,
+) -> None:
+    """Validate every rule file and run every rule's examples; exit 1 on any problem."""
+    from diagnoser.rules import check
+
+    target = directory or Settings().rules_dir
+    problems = check(target)
+    for problem in problems:
+        err.print(f"[red]✗[/] {problem}")
+    if problems:
+        raise fail(f"{len(problems)} problem(s) in {target}")
+    ruleset = _load_rules(target)
+    err.print(f"[green]✓[/] {len(ruleset.rules)} rules in {target} (digest {ruleset.digest[:12]})")
+
+
+@rules_app.command("test")
+def rules_test(
+    logfile: Annotated[Path, typer.Argument(help="A log file to scan")],
+    rules_dir: RulesDirOption = None,
+) -> None:
+    """Show which rules fire on which lines of a log file."""
+    from rich.table import Table
+
+    from diagnoser.diagnosis.offline import node_logs, scan
+
+    if not logfile.is_file():
+        raise fail(f"no such file: {logfile}", 2)
+    ruleset = _load_rules(rules_dir or Settings().rules_dir)
+    events = scan(node_logs([logfile]), ruleset)
+    table = Table(expand=True)
+    for column in ("line", "rule", "failure type", "action"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("text", overflow="fold")
+    for event in sorted(events, key=lambda e: e.line_no):
+        table.add_row(
+            str(event.line_no),
+            event.rule_id,
+            event.failure_type,
+            event.action.value,
+            event.text[:200],
+        )
+    Console(highlight=False).print(table)
+    err.print(f"{len(events)} event(s) from {len(ruleset.rules)} rules")
 
 
 def main() -> None:

@@ -80,6 +80,8 @@ class Settings(BaseSettings):
     log_level: str = "info"
     rules_dir: Path = SOURCE_RULES_DIR
     """The rule pack (`rules/*.yaml`): validated at start, watched and hot-reloaded."""
+    rules_watch: bool = True
+    """Reload the pack when its files change (POST /v1/rules/reload works either way)."""
 
     db: DbSettings = DbSettings()
     redis: RedisSettings = RedisSettings()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -70,3 +72,44 @@ def test_migrate_postgres_then_again_is_a_no_op(postgres_server: PostgresServer)
     again = diagnoser("migrate", "--database-url", url)
     assert again.returncode == 0
     assert "is at revision" in again.stderr
+
+
+def test_rules_check_passes_on_the_shipped_pack() -> None:
+    result = diagnoser("rules", "check")
+    assert result.returncode == 0, result.stderr
+    assert "rules in" in result.stderr
+
+
+def test_rules_check_names_the_file_rule_and_reason(tmp_path: Path) -> None:
+    pack = Path(__file__).resolve().parents[1] / "rules"
+    broken = tmp_path / "rules"
+    shutil.copytree(pack, broken)
+    oom = broken / "memory.yaml"
+    oom.write_text(oom.read_text().replace("action: notify_user", "action: reboot_cluster", 1))
+    result = diagnoser("rules", "check", str(broken))
+    assert result.returncode == 1
+    assert "memory.yaml" in result.stderr
+    assert "rule 'cuda_oom': action: Input should be" in result.stderr
+    serve = diagnoser(
+        "serve", "--data-dir", str(tmp_path / "d"), env=_env(DIAGNOSER_RULES_DIR=str(broken))
+    )
+    assert serve.returncode == 1
+    assert "memory.yaml" in serve.stderr
+
+
+def test_rules_test_shows_which_rule_fires_on_which_line(tmp_path: Path) -> None:
+    log = tmp_path / "node-3.log"
+    log.write_text(
+        "step 100 loss 2.31\n"
+        "[74889.644138] NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.\n"
+        "Warning: Environment variable NCCL_ASYNC_ERROR_HANDLING is deprecated; use "
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING instead\n"
+    )
+    result = diagnoser("rules", "test", str(log))
+    assert result.returncode == 0
+    assert "xid_fallen_off_bus" in result.stdout
+    assert "1 event(s)" in result.stderr
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra}

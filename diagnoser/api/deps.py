@@ -13,6 +13,7 @@ from diagnoser.ingest.admission import Admission
 from diagnoser.ingest.writer import StreamWriter
 from diagnoser.observability import Metrics
 from diagnoser.pipeline import Pipeline
+from diagnoser.reload import RuleReloader
 from diagnoser.store.database import DatabaseUrl
 
 
@@ -28,6 +29,7 @@ class Resources:
     pipeline: Pipeline
     writer: StreamWriter
     admission: Admission
+    reloader: RuleReloader
 
 
 def get_resources(request: Request) -> Resources:

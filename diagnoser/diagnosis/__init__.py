@@ -1,0 +1,1 @@
+"""Diagnosis: job-level correlation of rule events, the flow rules -> [LLM] -> persist."""

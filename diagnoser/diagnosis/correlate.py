@@ -1,0 +1,194 @@
+"""Correlation: many rule events from many ranks and nodes -> one job-level verdict.
+
+The rules say what each line means; this module says which of them is the incident. The order
+of evidence, strongest first:
+
+1. hardware errors name their node outright (an Xid 79 outranks every timeout it caused);
+2. other root-cause classes (process death, memory, storage, user code, framework faults),
+   with torchrun's `Root Cause (first observed failure)` host and rank preferred;
+3. collective timeouts and remote errors, which are symptoms when anything above exists; alone,
+   the rank whose last enqueued / completed NCCL work is behind the others is the likely culprit;
+4. otherwise the earliest failure by time.
+
+Pure: plain data in, plain data out; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from diagnoser.rules import Action, Category, RuleEvent, RuleSet, relate
+from diagnoser.rules.schema import Severity
+
+
+class Status(StrEnum):
+    FAILURE = "failure"
+    HEALTHY = "healthy"
+    INCONCLUSIVE = "inconclusive"
+
+
+class Source(StrEnum):
+    RULE = "rule"
+    CORRELATION = "correlation"
+    LLM = "llm"
+    HUMAN = "human"
+
+
+SYMPTOM_TYPES = frozenset(
+    {"nccl_timeout", "nccl_remote_error", "nccl_system_error", "socket_closed", "ib_error"}
+)
+"""Failure types a surviving rank reports when another rank or node failed first."""
+
+CLASS_RANK: dict[Category, int] = {
+    Category.HARDWARE: 0,
+    Category.RESOURCE: 1,
+    Category.STORAGE: 1,
+    Category.USER_CODE: 1,
+    Category.FRAMEWORK: 2,
+    Category.NETWORK: 3,
+}
+"""Lower is stronger root-cause evidence; symptoms sort after all of these."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    status: Status
+    action: Action
+    failure_type: str | None = None
+    category: Category | None = None
+    culprit_nodes: tuple[str, ...] = ()
+    affected_ranks: tuple[int, ...] = ()
+    confidence: float = 0.0
+    source: Source = Source.RULE
+    rule_ids: tuple[str, ...] = ()
+    summary: str = ""
+    root: RuleEvent | None = None
+    evidence: tuple[RuleEvent, ...] = field(default=())
+    """The root event first, then corroborating and symptom events, deduplicated."""
+
+
+HEALTHY = Verdict(
+    Status.HEALTHY, Action.NONE, confidence=0.8, summary="no failure found in the logs"
+)
+
+
+def _is_symptom(event: RuleEvent) -> bool:
+    return event.failure_type in SYMPTOM_TYPES
+
+
+def _strength(event: RuleEvent) -> tuple[int, int, int, float]:
+    """Sort key: root-cause class, then real verdicts before escalations, then time."""
+    symptom = 1 if _is_symptom(event) else 0
+    escalates = 1 if event.action is Action.ESCALATE else 0
+    return (symptom, CLASS_RANK[event.category], escalates, event.time)
+
+
+def _culprit_node(event: RuleEvent) -> str:
+    """torchrun's root-cause block names the failed host; elsewhere the emitting node."""
+    return event.entities.get("host") or event.node
+
+
+def _lagging_ranks(timeouts: Sequence[RuleEvent]) -> tuple[RuleEvent, ...]:
+    """Among watchdog timeouts, the ranks whose last enqueued (else completed) work is lowest."""
+    for key in ("last_enqueued", "last_completed"):
+        progress = [
+            (int(value), event)
+            for event in timeouts
+            if (value := event.entities.get(key)) is not None and value.lstrip("-").isdigit()
+        ]
+        values = {value for value, _ in progress}
+        if len(values) > 1:
+            lowest = min(values)
+            return tuple(event for value, event in progress if value == lowest)
+    return ()
+
+
+def _dedupe(events: Sequence[RuleEvent]) -> tuple[RuleEvent, ...]:
+    """One piece of evidence per (rule, node, rank): 1,024 identical timeouts are one line."""
+    seen: set[tuple[str, str, int | None]] = set()
+    kept = []
+    for event in events:
+        key = (event.rule_id, event.node, event.rank)
+        if key not in seen:
+            seen.add(key)
+            kept.append(event)
+    return tuple(kept)
+
+
+def _summary(root: RuleEvent, culprits: tuple[str, ...], action: Action, inferred: bool) -> str:
+    where = f" on {', '.join(culprits)}" if culprits else ""
+    how = " (inferred from the ranks' progress)" if inferred else ""
+    return f"{root.failure_type}{where}{how}: {action.value.replace('_', ' ')}"
+
+
+def correlate(events: Sequence[RuleEvent], ruleset: RuleSet) -> Verdict:
+    """The job's verdict from every rule event seen so far (order does not matter)."""
+    relevant = [e for e in events if not (e.action is Action.NONE and e.severity is Severity.INFO)]
+    if not relevant:
+        return HEALTHY
+    relevant.sort(key=lambda e: (e.time, e.node, e.offset))
+    relations = relate(relevant, ruleset)
+    overridden = relations.overridden_by
+    roots = [e for i, e in enumerate(relevant) if i not in relations.symptom_of]
+    ordered = sorted(roots or relevant, key=_strength)
+    root = ordered[0]
+    inferred = False
+    culprits: tuple[str, ...]
+    if root.category is Category.HARDWARE:
+        # Every node with the same strength of hardware evidence is a culprit.
+        culprits = tuple(
+            sorted({e.node for e in ordered if e.category is Category.HARDWARE and not
+                    _is_symptom(e) and e.action is root.action})
+        )  # fmt: skip
+    elif _is_symptom(root):
+        lagging = _lagging_ranks([e for e in relevant if e.failure_type == "nccl_timeout"])
+        culprits = tuple(sorted({e.node for e in lagging}))
+        inferred = bool(lagging)
+        if lagging:
+            root = lagging[0]
+    else:
+        culprits = (_culprit_node(root),) if "host" in root.entities else ()
+        if root.scope.value == "node":
+            culprits = (_culprit_node(root),)
+    action = root.action
+    index = relevant.index(root)
+    if index in overridden:
+        override = relevant[overridden[index]]
+        action = override.action
+    if action is Action.CORDON_NODE_AND_RESTART and not culprits:
+        action = Action.RESTART_JOB  # never cordon without naming the node
+    symptoms = [e for e in relevant if e not in ordered]
+    evidence = _dedupe([root, *(e for e in ordered if e is not root), *symptoms])
+    ranks = tuple(sorted({e.rank for e in relevant if e.rank is not None}))
+    status = Status.INCONCLUSIVE if action is Action.ESCALATE else Status.FAILURE
+    if action is Action.NONE:
+        status = Status.HEALTHY
+    return Verdict(
+        status=status,
+        action=action,
+        failure_type=root.failure_type,
+        category=root.category,
+        culprit_nodes=culprits,
+        affected_ranks=ranks,
+        confidence=_confidence(root, relevant, inferred),
+        source=Source.CORRELATION
+        if (inferred or len({e.node for e in relevant}) > 1)
+        else Source.RULE,
+        rule_ids=tuple(dict.fromkeys(e.rule_id for e in evidence)),
+        summary=_summary(root, culprits, action, inferred),
+        root=root,
+        evidence=evidence,
+    )
+
+
+def _confidence(root: RuleEvent, events: Sequence[RuleEvent], inferred: bool) -> float:
+    """A calibrated-looking number is a lie; this is an ordinal: direct > inferred > escalated."""
+    if root.action is Action.ESCALATE:
+        return 0.3
+    if inferred:
+        return 0.6
+    corroborated = sum(1 for e in events if e.failure_type == root.failure_type) > 1
+    base = 0.9 if root.severity in (Severity.CRITICAL, Severity.ERROR) else 0.7
+    return min(0.99, base + (0.05 if corroborated else 0.0))

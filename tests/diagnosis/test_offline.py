@@ -1,0 +1,95 @@
+"""`diagnoser diagnose`: the offline report and its scripted `--json` contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CONTRACT_KEYS = {
+    "status", "category", "failure_type", "action", "culprit_nodes", "confidence", "source",
+    "rule_ids", "summary", "evidence",
+}  # fmt: skip
+
+TIMEOUT = (
+    "[rank{rank}]:[E816 01:45:40.183009389 ProcessGroupNCCL.cpp:607] [Rank {rank}] Watchdog caught "
+    "collective operation timeout: WorkNCCL(SeqNum=80078, OpType=BROADCAST, NumelIn=5056, "
+    "NumelOut=5056, Timeout(ms)=600000) ran for 600026 milliseconds before timing out."
+)
+XID79 = "[74889.644138] NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."
+NOISE = (
+    "Warning: Environment variable NCCL_ASYNC_ERROR_HANDLING is deprecated; use "
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING instead (function getCvarInt)\n"
+    "gpu-node:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n"
+    "iteration 1200/50000 | loss 2.3140 | lr 3.0e-04 | grad norm 0.912\n"
+)
+
+
+def write_job(directory: Path, *, xid_on: int | None) -> list[Path]:
+    paths = []
+    for node in range(8):
+        lines = [NOISE]
+        if node == xid_on:
+            lines.append(XID79 + "\n")
+        lines.extend(TIMEOUT.format(rank=node * 8 + local) + "\n" for local in range(8))
+        path = directory / f"node-{node}.log"
+        path.write_text("".join(lines))
+        paths.append(path)
+    return paths
+
+
+def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "diagnoser", "diagnose", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_node_with_the_hardware_error_is_the_culprit(tmp_path: Path) -> None:
+    result = diagnose(*map(str, write_job(tmp_path, xid_on=3)), "--json")
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout)
+    assert set(verdict) == CONTRACT_KEYS
+    assert verdict["status"] == "failure"
+    assert verdict["action"] == "cordon_node_and_restart"
+    assert verdict["culprit_nodes"] == ["node-3"]
+    assert verdict["category"] == "hardware"
+    assert verdict["evidence"][0] == {
+        "file": str(tmp_path / "node-3.log"),
+        "line_no": 4,
+        "text": XID79,
+    }
+
+
+def test_timeouts_everywhere_without_hardware_evidence_restart_the_job(tmp_path: Path) -> None:
+    verdict = json.loads(diagnose(*map(str, write_job(tmp_path, xid_on=None)), "--json").stdout)
+    assert verdict["action"] == "restart_job"
+    assert verdict["failure_type"] == "nccl_timeout"
+    assert verdict["culprit_nodes"] == []
+
+
+def test_a_healthy_noisy_log_is_healthy(tmp_path: Path) -> None:
+    log = tmp_path / "gpu-1.log"
+    log.write_text(NOISE * 50)
+    verdict = json.loads(diagnose(str(log), "--json").stdout)
+    assert (verdict["status"], verdict["action"], verdict["evidence"]) == ("healthy", "none", [])
+
+
+def test_node_map_renames_a_file(tmp_path: Path) -> None:
+    paths = write_job(tmp_path, xid_on=3)
+    result = diagnose(*map(str, paths), "--json", "--node-map", "node-3.log=gpu-a17")
+    assert json.loads(result.stdout)["culprit_nodes"] == ["gpu-a17"]
+
+
+def test_readable_report_and_usage_errors(tmp_path: Path) -> None:
+    report = diagnose(*map(str, write_job(tmp_path, xid_on=3)))
+    assert report.returncode == 0
+    assert "FAILURE" in report.stdout
+    assert "node-3" in report.stdout
+    missing = diagnose(str(tmp_path / "nope.log"))
+    assert missing.returncode == 2
+    assert "no such file" in missing.stderr
