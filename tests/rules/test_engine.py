@@ -39,7 +39,8 @@ def test_interleaved_ranks_assemble_per_rank(pack: RuleSet) -> None:
         '  File "/workspace/model.py", line 40, in forward',
         "AttributeError: 'NoneType' object has no attribute 'shape'",
     ]
-    lines, ranks = [], []
+    lines: list[str] = []
+    ranks: list[int | None] = []
     for i in range(max(len(TRACEBACK), len(other))):
         for rank, source in ((0, TRACEBACK), (1, other)):
             if i < len(source):
