@@ -11,9 +11,11 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from diagnoser import __version__
-from diagnoser.api import errors, health, jobs, logs, rules
+from diagnoser.api import diagnoses, errors, health, jobs, logs, nodes, rules
 from diagnoser.api.deps import Resources
 from diagnoser.config import Settings
+from diagnoser.diagnosis.flow import DiagnosisFlow
+from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.ingest.admission import Admission
 from diagnoser.ingest.writer import StreamLocks, StreamWriter
@@ -53,7 +55,10 @@ def create_app(settings: Settings) -> FastAPI:
         sessions = async_sessionmaker(engine, expire_on_commit=False)
         registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
         reloader = RuleReloader(registry)
-        pipeline = Pipeline([LineCounter(), DiagnosisStage(registry)])
+        stage = DiagnosisStage(registry)
+        pipeline = Pipeline([LineCounter(), stage])
+        hub = DiagnosisHub()
+        flow = DiagnosisFlow(sessions, stage, hub)
         app.state.resources = Resources(
             settings=settings,
             database=database,
@@ -63,9 +68,16 @@ def create_app(settings: Settings) -> FastAPI:
             metrics=metrics,
             schema_head=head_revision(),
             pipeline=pipeline,
-            writer=StreamWriter(sessions, pipeline, settings.ingest, StreamLocks()),
+            writer=StreamWriter(
+                sessions,
+                pipeline,
+                settings.ingest,
+                StreamLocks(),
+                after_commit=lambda key: flow.settle(key.job_id),
+            ),
             admission=Admission(settings.ingest.max_concurrent_requests),
             reloader=reloader,
+            hub=hub,
         )
         try:
             async with anyio.create_task_group() as background:
@@ -90,4 +102,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(logs.router)
     app.include_router(jobs.router)
     app.include_router(rules.router)
+    app.include_router(diagnoses.router)
+    app.include_router(nodes.router)
     return app

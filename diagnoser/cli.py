@@ -255,7 +255,9 @@ def rules_test(
 
 
 def main() -> None:
+    from diagnoser.diagnosis.console import diagnoses_app
     from diagnoser.shipper.command import ship
 
     app.command("ship")(ship)
+    app.add_typer(diagnoses_app, name="diagnoses")
     app()

@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from diagnoser.config import Settings
+from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.ingest.admission import Admission
 from diagnoser.ingest.writer import StreamWriter
 from diagnoser.observability import Metrics
@@ -30,6 +31,7 @@ class Resources:
     writer: StreamWriter
     admission: Admission
     reloader: RuleReloader
+    hub: DiagnosisHub
 
 
 def get_resources(request: Request) -> Resources:

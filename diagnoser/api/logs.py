@@ -144,6 +144,7 @@ async def post_logs(
         duplicate_bytes=outcome.duplicate_bytes,
         truncated_lines=outcome.truncated_lines,
         next_offset=outcome.next_offset,
+        diagnoses=outcome.diagnoses,
     )
 
 
@@ -167,6 +168,7 @@ async def _write_records(
         extra = await _write(resources, other, _one(_records_as_bytes(group)), None, metadata)
         outcome.lines_accepted += extra.lines_accepted
         outcome.truncated_lines += extra.truncated_lines
+        outcome.diagnoses.extend(d for d in extra.diagnoses if d not in outcome.diagnoses)
     return outcome
 
 

@@ -28,6 +28,7 @@ def verdict_key(verdict: Verdict) -> tuple[object, ...]:
         verdict.failure_type,
         verdict.culprit_nodes,
         verdict.rule_ids,
+        verdict.affected_ranks,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -53,6 +53,12 @@ class WriteOutcome:
     duplicate_bytes: int = 0
     truncated_lines: int = 0
     next_offset: int = 0
+    diagnoses: list[str] = field(default_factory=list)
+    """Diagnoses created or updated by lines of this request."""
+
+
+AfterCommit = Callable[[StreamKey], Awaitable[list[str]]]
+"""Called after each commit, with the lines it made durable already handed to the pipeline."""
 
 
 @dataclass
@@ -81,6 +87,7 @@ class _Commits:
     stream_id: int
     committed: int
     outcome: WriteOutcome
+    after_commit: AfterCommit | None = None
     lines: int = 0
     truncated: int = 0
     at: float = field(default_factory=time.monotonic)
@@ -102,6 +109,10 @@ class _Commits:
         self.outcome.next_offset = self.committed = offset
         self.lines = self.truncated = 0
         self.at = time.monotonic()
+        if self.after_commit is not None:
+            for diagnosis_id in await self.after_commit(self.key):
+                if diagnosis_id not in self.outcome.diagnoses:
+                    self.outcome.diagnoses.append(diagnosis_id)
 
 
 @dataclass
@@ -110,6 +121,7 @@ class StreamWriter:
     pipeline: Pipeline
     settings: IngestSettings
     locks: StreamLocks
+    after_commit: AfterCommit | None = None
 
     async def write(
         self,
@@ -137,7 +149,7 @@ class StreamWriter:
             if offset is not None and offset > committed:
                 raise OffsetGapError(committed)
             outcome = WriteOutcome(next_offset=committed)
-            commits = _Commits(self.sessions, key, stream_id, committed, outcome)
+            commits = _Commits(self.sessions, key, stream_id, committed, outcome, self.after_commit)
             framer = Framer(committed, lines + 1, max_line_bytes=self.settings.max_line_bytes)
             skip = 0 if offset is None else committed - offset
             try:

@@ -139,6 +139,34 @@ class DiagnosisRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
 
 
+class DiagnosisCulpritRow(Base):
+    """One row per culprit node: lets `GET /v1/nodes` and node filters use an index."""
+
+    __tablename__ = "diagnosis_culprits"
+
+    diagnosis_id: Mapped[str] = mapped_column(
+        ForeignKey("diagnoses.id", ondelete="CASCADE"), primary_key=True
+    )
+    node: Mapped[str] = mapped_column(String(253), primary_key=True, index=True)
+
+
+class FeedbackRow(Base):
+    """An on-call engineer's verdict on a diagnosis; overrides feed evaluation and rule work."""
+
+    __tablename__ = "diagnosis_feedback"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    diagnosis_id: Mapped[str] = mapped_column(
+        ForeignKey("diagnoses.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    category: Mapped[str | None] = mapped_column(String(32))
+    action: Mapped[str | None] = mapped_column(String(32))
+    author: Mapped[str] = mapped_column(String(253))
+    comment: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
 class ActionRow(Base):
     """The outbox of recovery actions: written with its diagnosis, claimed by an operator."""
 

@@ -1,0 +1,97 @@
+"""The diagnosis flow: the one place that knows the order rules -> [LLM] -> persist -> actions.
+
+Ingest calls `settle(job_id)` after it commits lines. A verdict that changed becomes, in one
+transaction, the job's open diagnosis (created, or updated as later evidence arrives: a hardware
+error after the timeouts upgrades a restart to a cordon) plus its outbox action; watchers are
+told after the commit.
+
+The LLM stage plugs in where marked: an inconclusive verdict is stored at once with action
+`escalate` and would be handed to a bounded queue for the LLM, never awaited here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from diagnoser.diagnosis.correlate import Source, Status, Verdict
+from diagnoser.diagnosis.hub import DiagnosisHub
+from diagnoser.diagnosis.live import DiagnosisStage
+from diagnoser.diagnosis.schemas import DiagnosisStatus, DiagnosisView
+from diagnoser.rules import RuleEvent
+from diagnoser.store.diagnoses import active_for_job, queue_action, set_culprits
+from diagnoser.store.models import DiagnosisRow, utcnow
+
+MAX_EVIDENCE = 50
+CONTEXT_LINES = 5
+
+
+def evidence_record(event: RuleEvent) -> dict[str, Any]:
+    return {
+        "node": event.node,
+        "rank": event.rank,
+        "time": event.time,
+        "offset": event.offset,
+        "line_no": event.line_no,
+        "rule_id": event.rule_id,
+        "text": event.text,
+        "context": list(event.evidence[-CONTEXT_LINES:]),
+    }
+
+
+def apply(row: DiagnosisRow, verdict: Verdict, digest: str) -> None:
+    """Write the verdict into the row; a human's override of category and action stands."""
+    row.evidence = [evidence_record(e) for e in verdict.evidence[:MAX_EVIDENCE]]
+    row.rule_ids = list(verdict.rule_ids)
+    row.affected_ranks = list(verdict.affected_ranks)
+    row.ruleset_digest = digest
+    row.updated_at = utcnow()
+    if row.source == Source.HUMAN:
+        return
+    row.failure_type = verdict.failure_type
+    row.category = verdict.category.value if verdict.category else None
+    row.action = verdict.action.value
+    row.culprit_nodes = list(verdict.culprit_nodes)
+    row.confidence = verdict.confidence
+    row.source = verdict.source.value
+    row.summary = verdict.summary
+
+
+class DiagnosisFlow:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        stage: DiagnosisStage,
+        hub: DiagnosisHub,
+    ) -> None:
+        self.sessions = sessions
+        self.stage = stage
+        self.hub = hub
+
+    async def settle(self, job_id: str) -> list[str]:
+        """Persist the job's verdict if it changed; return the ids of diagnoses it touched."""
+        changed = self.stage.changed_verdict(job_id)
+        if changed is None:
+            return []
+        verdict, ruleset = changed
+        if verdict.status is Status.HEALTHY:
+            return []
+        # LLM seam: Status.INCONCLUSIVE verdicts go to the LLM stage's queue here.
+        async with self.sessions.begin() as session:
+            row = await active_for_job(session, job_id)
+            if row is None:
+                row = DiagnosisRow(
+                    id=str(uuid.uuid4()),
+                    job_id=job_id,
+                    status=DiagnosisStatus.OPEN.value,
+                    created_at=utcnow(),
+                )
+                session.add(row)
+            apply(row, verdict, ruleset.digest)
+            await session.flush()
+            await set_culprits(session, row.id, row.culprit_nodes)
+            await queue_action(session, row)
+        self.hub.publish(DiagnosisView.model_validate(row))
+        return [row.id]

@@ -1,0 +1,156 @@
+"""Queries for diagnoses, their culprits, feedback and the recovery-action outbox."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, and_, delete, func, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from diagnoser.store.models import ActionRow, DiagnosisCulpritRow, DiagnosisRow, utcnow
+
+ACTIVE = ("open", "actioned")
+OUTBOX_ACTIONS = ("cordon_node_and_restart", "restart_job")
+"""Actions the operator executes; notify and escalate reach people, not the cluster."""
+
+
+class CursorError(ValueError):
+    pass
+
+
+def encode_cursor(row: DiagnosisRow) -> str:
+    return base64.urlsafe_b64encode(f"{row.updated_at.isoformat()}|{row.id}".encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        at, row_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(at), row_id
+    except (ValueError, binascii.Error) as exc:
+        raise CursorError("cursor: not a cursor this API returned") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosisFilter:
+    job_id: str | None = None
+    node: str | None = None
+    category: str | None = None
+    status: str | None = None
+    since: datetime | None = None
+
+
+def filtered(criteria: DiagnosisFilter) -> Select[DiagnosisRow]:
+    query = select(DiagnosisRow).order_by(DiagnosisRow.updated_at.desc(), DiagnosisRow.id.desc())
+    if criteria.job_id:
+        query = query.where(DiagnosisRow.job_id == criteria.job_id)
+    if criteria.category:
+        query = query.where(DiagnosisRow.category == criteria.category)
+    if criteria.status:
+        query = query.where(DiagnosisRow.status == criteria.status)
+    if criteria.since:
+        query = query.where(DiagnosisRow.updated_at >= criteria.since)
+    if criteria.node:
+        query = query.where(
+            DiagnosisRow.id.in_(
+                select(DiagnosisCulpritRow.diagnosis_id).where(
+                    DiagnosisCulpritRow.node == criteria.node
+                )
+            )
+        )
+    return query
+
+
+async def page(
+    session: AsyncSession, criteria: DiagnosisFilter, limit: int, cursor: str | None
+) -> tuple[list[DiagnosisRow], str | None]:
+    query = filtered(criteria)
+    if cursor:
+        at, row_id = decode_cursor(cursor)
+        query = query.where(
+            or_(
+                DiagnosisRow.updated_at < at,
+                and_(DiagnosisRow.updated_at == at, DiagnosisRow.id < row_id),
+            )
+        )
+    rows = list(await session.scalars(query.limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, encode_cursor(rows[-1]) if more else None
+
+
+async def active_for_job(session: AsyncSession, job_id: str) -> DiagnosisRow | None:
+    """The job's current incident: the newest diagnosis still open or actioned."""
+    return await session.scalar(
+        select(DiagnosisRow)
+        .where(DiagnosisRow.job_id == job_id, DiagnosisRow.status.in_(ACTIVE))
+        .order_by(DiagnosisRow.created_at.desc())
+        .limit(1)
+    )
+
+
+async def set_culprits(session: AsyncSession, diagnosis_id: str, nodes: Sequence[str]) -> None:
+    await session.execute(
+        delete(DiagnosisCulpritRow).where(DiagnosisCulpritRow.diagnosis_id == diagnosis_id)
+    )
+    session.add_all(DiagnosisCulpritRow(diagnosis_id=diagnosis_id, node=n) for n in set(nodes))
+
+
+async def queue_action(session: AsyncSession, row: DiagnosisRow) -> None:
+    """Outbox: the action to execute, written in the diagnosis's transaction.
+
+    A changed recommendation supersedes the pending one (a restart upgraded to a cordon);
+    the same recommendation twice is one action.
+    """
+    pending = list(
+        await session.scalars(
+            select(ActionRow).where(ActionRow.diagnosis_id == row.id, ActionRow.state == "pending")
+        )
+    )
+    for action in pending:
+        if action.kind == row.action and sorted(action.target_nodes) == sorted(row.culprit_nodes):
+            return
+    if pending:
+        await session.execute(
+            update(ActionRow)
+            .where(ActionRow.id.in_([a.id for a in pending]))
+            .values(state="superseded", updated_at=utcnow())
+        )
+    if row.action in OUTBOX_ACTIONS:
+        session.add(
+            ActionRow(
+                diagnosis_id=row.id,
+                job_id=row.job_id,
+                kind=row.action,
+                target_nodes=list(row.culprit_nodes),
+                state="pending",
+            )
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    node: str
+    incidents: int
+    last_incident_at: datetime | None
+
+
+async def node_stats(session: AsyncSession, node: str | None = None) -> list[NodeStats]:
+    query = (
+        select(
+            DiagnosisCulpritRow.node,
+            func.count(DiagnosisRow.id),
+            func.max(DiagnosisRow.created_at),
+        )
+        .join(DiagnosisRow, DiagnosisRow.id == DiagnosisCulpritRow.diagnosis_id)
+        .group_by(DiagnosisCulpritRow.node)
+        .order_by(func.max(DiagnosisRow.created_at).desc())
+    )
+    if node is not None:
+        query = query.where(DiagnosisCulpritRow.node == node)
+    rows: list[Any] = list(await session.execute(query))
+    return [NodeStats(name, count, last) for name, count, last in rows]

@@ -1,0 +1,266 @@
+"""Job-level diagnosis through the service: many ranks in, one diagnosis out, on-call API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from diagnoser.store.database import parse_database_url
+from diagnoser.store.migrate import upgrade
+from tests.servers import PostgresServer, ServiceProcess
+
+TEXT = {"Content-Type": "text/plain"}
+TIMEOUT = (
+    "[rank{rank}]:[E816 01:45:40.183009389 ProcessGroupNCCL.cpp:607] [Rank {rank}] Watchdog "
+    "caught collective operation timeout: WorkNCCL(SeqNum=80078, OpType=BROADCAST, NumelIn=5056, "
+    "NumelOut=5056, Timeout(ms)=600000) ran for 600026 milliseconds before timing out.\n"
+)
+XID79 = "[74889.644138] NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.\n"
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.78 GiB. GPU 0 has a total "
+    "capacity of 31.47 GiB of which 12.73 GiB is free.\n"
+)
+NOISE = (
+    "Warning: Environment variable NCCL_ASYNC_ERROR_HANDLING is deprecated; use "
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING instead (function getCvarInt)\n"
+    "iteration 1200/50000 | loss 2.3140 | lr 3.0e-04\n"
+)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    env = {"DIAGNOSER_DATA_DIR": str(tmp_path_factory.mktemp("data"))}
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        url = server.create_database()
+        upgrade(parse_database_url(url))
+        env["DIAGNOSER_DB__URL"] = url
+    process = ServiceProcess(env=env)
+    process.start()
+    yield process
+    process.stop()
+
+
+def send(service: ServiceProcess, job: str, node: str, text: str) -> dict[str, object]:
+    response = httpx.post(
+        f"{service.base_url}/v1/jobs/{job}/logs",
+        params={"node": node},
+        content=text.encode(),
+        headers=TEXT,
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, object] = response.json()
+    return body
+
+
+def send_ranks(service: ServiceProcess, job: str, nodes: int = 8) -> None:
+    async def all_nodes() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            await asyncio.gather(
+                *(
+                    client.post(
+                        f"{service.base_url}/v1/jobs/{job}/logs",
+                        params={"node": f"node-{n}"},
+                        content=(
+                            NOISE + "".join(TIMEOUT.format(rank=n * 8 + r) for r in range(8))
+                        ).encode(),
+                        headers=TEXT,
+                    )
+                    for n in range(nodes)
+                )
+            )
+
+    asyncio.run(all_nodes())
+
+
+def diagnoses(service: ServiceProcess, **params: str) -> list[dict[str, object]]:
+    body = httpx.get(f"{service.base_url}/v1/diagnoses", params=params).json()
+    items: list[dict[str, object]] = body["diagnoses"]
+    return items
+
+
+def job_diagnoses(service: ServiceProcess, job: str) -> list[dict[str, object]]:
+    body = httpx.get(f"{service.base_url}/v1/jobs/{job}/diagnoses").json()
+    items: list[dict[str, object]] = body["diagnoses"]
+    return items
+
+
+def test_one_diagnosis_names_the_node_with_the_hardware_error(service: ServiceProcess) -> None:
+    send(service, "xid", "node-3", NOISE + XID79)
+    send_ranks(service, "xid")
+    found = job_diagnoses(service, "xid")
+    assert len(found) == 1
+    diagnosis = found[0]
+    assert diagnosis["action"] == "cordon_node_and_restart"
+    assert diagnosis["culprit_nodes"] == ["node-3"]
+    assert diagnosis["category"] == "hardware"
+    assert diagnosis["status"] == "open"
+    assert diagnosis["evidence"][0]["text"] == XID79.strip()  # type: ignore[index]
+    assert len(diagnosis["affected_ranks"]) == 64  # type: ignore[arg-type]
+    assert len(str(diagnosis["ruleset_digest"])) == 64
+
+
+def test_a_hardware_error_after_the_timeouts_upgrades_the_diagnosis(
+    service: ServiceProcess,
+) -> None:
+    send_ranks(service, "late")
+    [before] = job_diagnoses(service, "late")
+    assert (before["action"], before["culprit_nodes"]) == ("restart_job", [])
+    response = send(service, "late", "node-5", XID79)
+    [after] = job_diagnoses(service, "late")
+    assert response["diagnoses"] == [before["id"]]
+    assert after["id"] == before["id"]
+    assert (after["action"], after["culprit_nodes"]) == ("cordon_node_and_restart", ["node-5"])
+
+
+def test_cuda_oom_notifies_the_user_and_never_cordons(service: ServiceProcess) -> None:
+    send(service, "oom", "node-0", NOISE + OOM)
+    [diagnosis] = job_diagnoses(service, "oom")
+    assert (diagnosis["failure_type"], diagnosis["action"]) == ("cuda_oom", "notify_user")
+
+
+def test_a_healthy_noisy_run_gets_no_diagnosis(service: ServiceProcess) -> None:
+    response = send(service, "healthy", "node-0", NOISE * 200)
+    assert response["diagnoses"] == []
+    assert job_diagnoses(service, "healthy") == []
+
+
+def test_an_unresolved_trace_is_inconclusive_and_escalated(service: ServiceProcess) -> None:
+    send(
+        service,
+        "odd",
+        "node-0",
+        'Traceback (most recent call last):\n  File "x.py", line 1\nWeirdLibError: odd\n',
+    )
+    [diagnosis] = job_diagnoses(service, "odd")
+    assert diagnosis["action"] == "escalate"
+
+
+def test_filters_and_cursor_pages(service: ServiceProcess) -> None:
+    for n in range(3):
+        send(service, f"pages-{n}", "gpu-pages", OOM)
+    by_node = diagnoses(service, node="gpu-pages")
+    assert by_node == []  # an OOM names no culprit node
+    oom = diagnoses(service, category="resource", limit="2")
+    assert len(oom) == 2
+    first = httpx.get(
+        f"{service.base_url}/v1/diagnoses", params={"category": "resource", "limit": 2}
+    ).json()
+    rest = httpx.get(
+        f"{service.base_url}/v1/diagnoses",
+        params={"category": "resource", "limit": 2, "cursor": first["next_cursor"]},
+    ).json()
+    ids = [d["id"] for d in first["diagnoses"]] + [d["id"] for d in rest["diagnoses"]]
+    assert len(ids) == len(set(ids)) >= 4
+    assert diagnoses(service, node="node-3")[0]["job_id"] == "xid"
+    bad = httpx.get(f"{service.base_url}/v1/diagnoses", params={"category": "cosmic_rays"})
+    assert bad.status_code == 422
+
+
+def test_feedback_override_sticks_and_dismiss_closes(service: ServiceProcess) -> None:
+    send(service, "fb", "node-1", OOM)
+    [diagnosis] = job_diagnoses(service, "fb")
+    url = f"{service.base_url}/v1/diagnoses/{diagnosis['id']}/feedback"
+    override = httpx.post(
+        url,
+        json={"kind": "override", "action": "restart_job", "author": "alice", "comment": "flaky"},
+    )
+    assert override.status_code == 201
+    send(service, "fb", "node-2", XID79)  # later evidence: still the human's action
+    [after] = job_diagnoses(service, "fb")
+    assert (after["action"], after["source"]) == ("restart_job", "human")
+    assert httpx.post(url, json={"kind": "override", "author": "bob"}).status_code == 422
+    assert httpx.post(url, json={"kind": "dismiss", "author": "bob"}).status_code == 201
+    assert job_diagnoses(service, "fb")[0]["status"] == "dismissed"
+    kinds = [f["kind"] for f in httpx.get(url).json()]
+    assert kinds == ["override", "dismiss"]
+    missing = httpx.post(
+        f"{service.base_url}/v1/diagnoses/nope/feedback", json={"kind": "confirm", "author": "x"}
+    )
+    assert missing.status_code == 404
+
+
+def test_nodes_show_incidents_and_cordon_recommendations(service: ServiceProcess) -> None:
+    nodes = {n["node"]: n for n in httpx.get(f"{service.base_url}/v1/nodes").json()}
+    assert nodes["node-3"]["cordon_recommended"] is True
+    detail = httpx.get(f"{service.base_url}/v1/nodes/node-3").json()
+    assert detail["last_failure_type"] == "gpu_fallen_off_bus"
+    assert detail["history"][0]["job_id"] == "xid"
+    assert httpx.get(f"{service.base_url}/v1/nodes/never-failed").status_code == 404
+
+
+def test_the_live_stream_carries_new_diagnoses(service: ServiceProcess) -> None:
+    async def watch() -> dict[str, object]:
+        async with (
+            httpx.AsyncClient(timeout=30) as client,
+            client.stream("GET", f"{service.base_url}/v1/diagnoses/stream") as stream,
+        ):
+            lines = stream.aiter_lines()
+            assert (await anext(lines)).startswith(": connected")
+            await client.post(
+                f"{service.base_url}/v1/jobs/live/logs",
+                params={"node": "node-9"},
+                content=XID79.encode(),
+                headers=TEXT,
+            )
+            async for line in lines:
+                if line.startswith("data: "):
+                    event: dict[str, object] = json.loads(line.removeprefix("data: "))
+                    return event
+        raise AssertionError("stream ended")
+
+    event = asyncio.run(asyncio.wait_for(watch(), 20))
+    assert (event["job_id"], event["culprit_nodes"]) == ("live", ["node-9"])
+
+
+def test_diagnoses_survive_a_restart(tmp_path: Path) -> None:
+    process = ServiceProcess(env={"DIAGNOSER_DATA_DIR": str(tmp_path)})
+    process.start()
+    try:
+        send(process, "durable", "node-1", XID79)
+        process.stop()
+        process.start()
+        [diagnosis] = job_diagnoses(process, "durable")
+        assert diagnosis["culprit_nodes"] == ["node-1"]
+    finally:
+        process.stop()
+
+
+def test_the_cli_lists_and_shows_diagnoses(service: ServiceProcess) -> None:
+    send(service, "cli", "node-4", XID79)
+    [diagnosis] = job_diagnoses(service, "cli")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "diagnoser", "diagnoses", *args, "--server", service.base_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    listed = cli("list", "--job", "cli", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [d["id"] for d in json.loads(listed.stdout)["diagnoses"]] == [diagnosis["id"]]
+    shown = cli("show", str(diagnosis["id"]))
+    assert "gpu_fallen_off_bus on node-4" in shown.stdout
+    assert "NVRM: Xid" in shown.stdout
+    assert cli("show", "no-such-id").returncode == 1
+    unreachable = subprocess.run(
+        [sys.executable, "-m", "diagnoser", "diagnoses", "list", "--server", "http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert unreachable.returncode == 2
+    assert "cannot reach" in unreachable.stderr
