@@ -90,6 +90,7 @@ class DiagnosisFlow:
                 )
                 session.add(row)
             apply(row, verdict, ruleset.digest)
+            row.progress = self.stage.progress(job_id)
             await session.flush()
             await set_culprits(session, row.id, row.culprit_nodes)
             await queue_action(session, row)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from diagnoser.diagnosis.correlate import Verdict, correlate
+from diagnoser.diagnosis.progress import Progress
 from diagnoser.ingest.framing import LineBatch
 from diagnoser.pipeline import StreamKey
 from diagnoser.rules import JobScanner, RuleEvent, RuleRegistry, RuleSet
@@ -38,6 +39,7 @@ class JobState:
     scanner: JobScanner
     events: dict[tuple[str, str, int | None], RuleEvent] = field(default_factory=dict)
     """First event per (rule, node, rank): repeats of a line add nothing to a diagnosis."""
+    progress: Progress = field(default_factory=Progress)
     dirty: bool = False
     last: tuple[object, ...] | None = None
 
@@ -77,9 +79,14 @@ class DiagnosisStage:
 
     def process(self, key: StreamKey, batch: LineBatch) -> None:
         state = self._job(key.job_id)
+        state.progress.observe(batch)
         events = state.scanner.feed(key.node, key.rank, batch, self.clock())
         if events:
             state.add(events)
+
+    def progress(self, job_id: str) -> dict[str, int] | None:
+        state = self.jobs.get(job_id)
+        return state.progress.as_record() if state is not None else None
 
     def changed_verdict(self, job_id: str) -> tuple[Verdict, RuleSet] | None:
         """The job's verdict if new evidence changed it since the last call, else None."""

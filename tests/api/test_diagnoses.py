@@ -264,3 +264,20 @@ def test_the_cli_lists_and_shows_diagnoses(service: ServiceProcess) -> None:
     )
     assert unreachable.returncode == 2
     assert "cannot reach" in unreachable.stderr
+
+
+def test_a_diagnosis_says_how_many_steps_a_restart_loses(service: ServiceProcess) -> None:
+    send(
+        service,
+        "progress",
+        "node-1",
+        "saving checkpoint at iteration    1000 to /ckpt/run7\n"
+        + "".join(f" iteration {step:>8}/  500000 | lm loss: 2.41\n" for step in range(1000, 1251))
+        + XID79,
+    )
+    [diagnosis] = job_diagnoses(service, "progress")
+    assert diagnosis["progress"] == {
+        "last_step": 1250,
+        "last_checkpoint_step": 1000,
+        "steps_lost": 250,
+    }

@@ -1,0 +1,62 @@
+"""Training progress read from the log: the last step, the last saved checkpoint, steps at risk.
+
+A restart resumes from the last checkpoint, so `steps_lost` is what a failure costs. Formats
+seen in the wild: Megatron (`iteration 1200/500000`, `saving checkpoint at iteration 1000`),
+DeepSpeed (`global_step500`), Hugging Face (`Saving model checkpoint to out/checkpoint-500`),
+torchtitan and nanoGPT (`step: 10`, `iter 100:`).
+
+Cheap by construction: the last step comes from the last progress line of a batch (searched
+from the end), and checkpoint lines are looked for only when the batch's text contains
+"checkpoint" at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import regex
+
+from diagnoser.ingest.framing import LineBatch
+
+STEP = regex.compile(r"(?i)\b(?:iteration|iter|global_step|step)\s*[:=#]?\s*(\d{1,10})\b")
+CHECKPOINT_STEP = regex.compile(
+    r"(?i)checkpoint[-_](\d{1,10})\b|\b(?:iteration|iter|global_step|step)[\s:=_#-]*(\d{1,10})\b"
+)
+SAVED = regex.compile(r"(?i)\b(?:sav(?:ed|ing|e)|wr(?:ote|iting)|stor(?:ed|ing))\b")
+NOT_A_SAVE = regex.compile(r"(?i)\b(?:load(?:ed|ing)?|resum(?:ed|ing|e)|restor(?:ed|ing)|fail)")
+TAIL_LINES = 64
+"""How far back from a batch's end to look for its last progress line."""
+
+
+@dataclass(slots=True)
+class Progress:
+    last_step: int | None = None
+    last_checkpoint_step: int | None = None
+
+    def observe(self, batch: LineBatch) -> None:
+        lines = batch.lines
+        for line in reversed(lines[-TAIL_LINES:]):
+            if (match := STEP.search(line)) is not None:
+                step = int(match.group(1))
+                self.last_step = max(step, self.last_step or 0)
+                break
+        if "heckpoint" not in "\n".join(lines):
+            return
+        for line in lines:
+            if "heckpoint" in line and SAVED.search(line) and not NOT_A_SAVE.search(line):
+                match = CHECKPOINT_STEP.search(line)
+                if match is not None:
+                    step = int(match.group(1) or match.group(2))
+                    self.last_checkpoint_step = max(step, self.last_checkpoint_step or 0)
+
+    def as_record(self) -> dict[str, int] | None:
+        if self.last_step is None and self.last_checkpoint_step is None:
+            return None
+        record: dict[str, int] = {}
+        if self.last_step is not None:
+            record["last_step"] = self.last_step
+        if self.last_checkpoint_step is not None:
+            record["last_checkpoint_step"] = self.last_checkpoint_step
+        if self.last_step is not None and self.last_checkpoint_step is not None:
+            record["steps_lost"] = max(0, self.last_step - self.last_checkpoint_step)
+        return record
