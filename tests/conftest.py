@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import PostgresServer, RedisServer
+from diagnoser.store.database import parse_database_url
+from diagnoser.store.migrate import upgrade
+from tests.servers import PostgresServer, RedisServer, ServiceProcess
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +47,24 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'diagnoser.db'}"
     server: PostgresServer = request.getfixturevalue("postgres_server")
     return server.create_database()
+
+
+def backend_env(request: pytest.FixtureRequest, data_dir: Path) -> dict[str, str]:
+    """Environment for `diagnoser serve` on the backend named by the fixture's param.
+
+    PostgreSQL gets a fresh, migrated database (migration is the explicit step there).
+    """
+    env = {"DIAGNOSER_DATA_DIR": str(data_dir)}
+    if request.param == "postgres":
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        url = server.create_database()
+        upgrade(parse_database_url(url))
+        env["DIAGNOSER_DB__URL"] = url
+    return env
+
+
+def run_service(env: dict[str, str]) -> Iterator[ServiceProcess]:
+    process = ServiceProcess(env=env)
+    process.start()
+    yield process
+    process.stop()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Path, Request
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -37,3 +38,9 @@ class Resources:
 def get_resources(request: Request) -> Resources:
     resources: Resources = request.app.state.resources
     return resources
+
+
+ResourcesDep = Annotated[Resources, Depends(get_resources)]
+NAME_PATTERN = r"^[A-Za-z0-9][\w.:@-]*$"
+"""Job ids and node names: what Kubernetes and schedulers use, nothing that needs escaping."""
+JobId = Annotated[str, Path(min_length=1, max_length=253, pattern=NAME_PATTERN)]

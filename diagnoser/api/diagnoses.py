@@ -7,11 +7,11 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select, update
 
-from diagnoser.api.deps import Resources, get_resources
+from diagnoser.api.deps import JobId, Resources, ResourcesDep
 from diagnoser.api.errors import ApiError
 from diagnoser.diagnosis.correlate import Source
 from diagnoser.diagnosis.schemas import (
@@ -23,11 +23,11 @@ from diagnoser.diagnosis.schemas import (
     FeedbackView,
 )
 from diagnoser.rules import Category
-from diagnoser.store.diagnoses import CursorError, DiagnosisFilter, page, queue_action, set_culprits
+from diagnoser.store.cursor import CursorError
+from diagnoser.store.diagnoses import DiagnosisFilter, page, queue_action, set_culprits
 from diagnoser.store.models import ActionRow, DiagnosisRow, FeedbackRow, utcnow
 
 router = APIRouter(prefix="/v1", tags=["diagnoses"])
-ResourcesDep = Annotated[Resources, Depends(get_resources)]
 KEEPALIVE_S = 15.0
 
 
@@ -68,7 +68,7 @@ async def list_diagnoses(
 
 @router.get("/jobs/{job_id}/diagnoses", response_model=DiagnosisPage)
 async def job_diagnoses(
-    job_id: str,
+    job_id: JobId,
     resources: ResourcesDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: str | None = None,

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from diagnoser import __version__
-from diagnoser.api.deps import Resources, get_resources
+from diagnoser.api.deps import Resources, ResourcesDep
 from diagnoser.store.migrate import current_revision
 
 router = APIRouter(tags=["health"])
-ResourcesDep = Annotated[Resources, Depends(get_resources)]
 
 
 @router.get("/healthz")

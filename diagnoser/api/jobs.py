@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Query
 from sqlalchemy import and_, or_, select
 
-from diagnoser.api.deps import Resources, get_resources
+from diagnoser.api.deps import JobId, ResourcesDep
 from diagnoser.api.errors import ApiError
 from diagnoser.ingest.events import signal_name
 from diagnoser.ingest.records import parse_time
@@ -25,24 +23,10 @@ from diagnoser.ingest.schemas import (
     StreamStatus,
 )
 from diagnoser.ingest.streams import ensure_job
+from diagnoser.store.cursor import CursorError, decode_cursor, encode_cursor
 from diagnoser.store.models import JobEventRow, JobRow, LogStreamRow, utcnow
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-ResourcesDep = Annotated[Resources, Depends(get_resources)]
-JobId = Annotated[str, Path(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][\w.:@-]*$")]
-
-
-def _encode_cursor(job: JobRow) -> str:
-    raw = f"{job.last_activity_at.isoformat()}|{job.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        at, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(at), job_id
-    except (ValueError, binascii.Error) as exc:
-        raise ApiError(422, "invalid_request", "cursor: not a cursor this API returned") from exc
 
 
 @router.get("", response_model=JobPage)
@@ -54,7 +38,10 @@ async def list_jobs(
     """Jobs by most recent activity first."""
     query = select(JobRow).order_by(JobRow.last_activity_at.desc(), JobRow.id.desc())
     if cursor is not None:
-        at, job_id = _decode_cursor(cursor)
+        try:
+            at, job_id = decode_cursor(cursor)
+        except CursorError as exc:
+            raise ApiError(422, "invalid_request", str(exc)) from exc
         query = query.where(
             or_(
                 JobRow.last_activity_at < at,
@@ -67,7 +54,7 @@ async def list_jobs(
     jobs = jobs[:limit]
     return JobPage(
         jobs=[JobSummary.model_validate(job) for job in jobs],
-        next_cursor=_encode_cursor(jobs[-1]) if more else None,
+        next_cursor=encode_cursor(jobs[-1].last_activity_at, jobs[-1].id) if more else None,
     )
 
 

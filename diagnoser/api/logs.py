@@ -6,10 +6,10 @@ import zlib
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Query, Request
 from sqlalchemy import select
 
-from diagnoser.api.deps import Resources, get_resources
+from diagnoser.api.deps import NAME_PATTERN, JobId, Resources, ResourcesDep
 from diagnoser.api.errors import ApiError
 from diagnoser.ingest.records import Record, RecordError, parse_fluent_bit, parse_ndjson
 from diagnoser.ingest.schemas import IngestResult, JobMetadata, StreamStatus
@@ -24,9 +24,7 @@ from diagnoser.pipeline import StreamKey
 from diagnoser.store.models import LogStreamRow
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["ingest"])
-ResourcesDep = Annotated[Resources, Depends(get_resources)]
-JobId = Annotated[str, Path(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][\w.:@-]*$")]
-NodeQuery = Annotated[str, Query(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][\w.:@-]*$")]
+NodeQuery = Annotated[str, Query(min_length=1, max_length=253, pattern=NAME_PATTERN)]
 RankQuery = Annotated[int | None, Query(ge=0, le=10_000_000)]
 StreamQuery = Annotated[str | None, Query(min_length=1, max_length=512)]
 

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from diagnoser.api.deps import Resources, get_resources
+from diagnoser.api.deps import Resources, ResourcesDep
 from diagnoser.api.errors import ApiError
 from diagnoser.diagnosis.schemas import DiagnosisView, NodeDetail, NodeSummary
 from diagnoser.store.diagnoses import ACTIVE, DiagnosisFilter, NodeStats, filtered, node_stats
 from diagnoser.store.models import DiagnosisCulpritRow, DiagnosisRow
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
-ResourcesDep = Annotated[Resources, Depends(get_resources)]
 
 
 async def _cordon_recommended(resources: Resources) -> set[str]:

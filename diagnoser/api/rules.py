@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from pydantic import BaseModel
 
-from diagnoser.api.deps import Resources, get_resources
+from diagnoser.api.deps import Resources, ResourcesDep
 from diagnoser.api.errors import ApiError
 from diagnoser.rules import RuleLoadError
 
 router = APIRouter(prefix="/v1/rules", tags=["rules"])
-ResourcesDep = Annotated[Resources, Depends(get_resources)]
 
 
 class RuleView(BaseModel):

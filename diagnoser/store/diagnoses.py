@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,27 +10,12 @@ from typing import Any
 from sqlalchemy import Select, and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from diagnoser.store.cursor import decode_cursor, encode_cursor
 from diagnoser.store.models import ActionRow, DiagnosisCulpritRow, DiagnosisRow, utcnow
 
 ACTIVE = ("open", "actioned")
 OUTBOX_ACTIONS = ("cordon_node_and_restart", "restart_job")
 """Actions the operator executes; notify and escalate reach people, not the cluster."""
-
-
-class CursorError(ValueError):
-    pass
-
-
-def encode_cursor(row: DiagnosisRow) -> str:
-    return base64.urlsafe_b64encode(f"{row.updated_at.isoformat()}|{row.id}".encode()).decode()
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        at, row_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(at), row_id
-    except (ValueError, binascii.Error) as exc:
-        raise CursorError("cursor: not a cursor this API returned") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +63,7 @@ async def page(
     rows = list(await session.scalars(query.limit(limit + 1)))
     more = len(rows) > limit
     rows = rows[:limit]
-    return rows, encode_cursor(rows[-1]) if more else None
+    return rows, encode_cursor(rows[-1].updated_at, rows[-1].id) if more else None
 
 
 async def active_for_job(session: AsyncSession, job_id: str) -> DiagnosisRow | None:

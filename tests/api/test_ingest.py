@@ -12,9 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from diagnoser.store.database import parse_database_url
-from diagnoser.store.migrate import upgrade
-from tests.servers import PostgresServer, ServiceProcess
+from tests.conftest import backend_env, run_service
+from tests.servers import ServiceProcess
 
 TEXT = {"Content-Type": "text/plain"}
 
@@ -23,22 +22,11 @@ TEXT = {"Content-Type": "text/plain"}
 def service(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServiceProcess]:
-    data_dir = tmp_path_factory.mktemp("data")
-    env = {
-        "DIAGNOSER_DATA_DIR": str(data_dir),
-        "DIAGNOSER_INGEST__IDLE_TIMEOUT_S": "1",
-        "DIAGNOSER_INGEST__MAX_JSON_BODY_BYTES": "4096",
-        "DIAGNOSER_INGEST__MAX_LINE_BYTES": "1024",
-    }
-    if request.param == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres_server")
-        url = server.create_database()
-        upgrade(parse_database_url(url))
-        env["DIAGNOSER_DB__URL"] = url
-    process = ServiceProcess(env=env)
-    process.start()
-    yield process
-    process.stop()
+    env = backend_env(request, tmp_path_factory.mktemp("data"))
+    env["DIAGNOSER_INGEST__IDLE_TIMEOUT_S"] = "1"
+    env["DIAGNOSER_INGEST__MAX_JSON_BODY_BYTES"] = "4096"
+    env["DIAGNOSER_INGEST__MAX_LINE_BYTES"] = "1024"
+    yield from run_service(env)
 
 
 def logs_url(service: ServiceProcess, job: str) -> str:
