@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 from redis.asyncio import Redis
-from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from diagnoser import __version__
 from diagnoser.api import diagnoses, errors, health, jobs, logs, nodes, rules
@@ -23,7 +22,7 @@ from diagnoser.observability import Metrics, MetricsMiddleware
 from diagnoser.pipeline import LineCounter, Pipeline
 from diagnoser.reload import RuleReloader
 from diagnoser.rules import RuleRegistry
-from diagnoser.store.database import create_service_engine, parse_database_url
+from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
 from diagnoser.store.migrate import head_revision, upgrade
 
 
@@ -52,7 +51,7 @@ def create_app(settings: Settings) -> FastAPI:
             if settings.redis.url
             else None
         )
-        sessions = async_sessionmaker(engine, expire_on_commit=False)
+        sessions = Sessions(engine, database.backend)
         registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
         reloader = RuleReloader(registry)
         stage = DiagnosisStage(registry)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 from redis.asyncio import Redis
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from diagnoser.config import Settings
 from diagnoser.diagnosis.hub import DiagnosisHub
@@ -16,7 +16,7 @@ from diagnoser.ingest.writer import StreamWriter
 from diagnoser.observability import Metrics
 from diagnoser.pipeline import Pipeline
 from diagnoser.reload import RuleReloader
-from diagnoser.store.database import DatabaseUrl
+from diagnoser.store.database import DatabaseUrl, Sessions
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,7 @@ class Resources:
     settings: Settings
     database: DatabaseUrl
     engine: AsyncEngine
-    sessions: async_sessionmaker[AsyncSession]
+    sessions: Sessions
     redis: Redis | None
     metrics: Metrics
     schema_head: str

@@ -14,13 +14,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
 from diagnoser.diagnosis.correlate import Source, Status, Verdict
 from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.diagnosis.schemas import DiagnosisStatus, DiagnosisView
 from diagnoser.rules import RuleEvent
+from diagnoser.store.database import Sessions
 from diagnoser.store.diagnoses import active_for_job, queue_action, set_culprits
 from diagnoser.store.models import DiagnosisRow, utcnow
 
@@ -62,7 +61,7 @@ def apply(row: DiagnosisRow, verdict: Verdict, digest: str) -> None:
 class DiagnosisFlow:
     def __init__(
         self,
-        sessions: async_sessionmaker[AsyncSession],
+        sessions: Sessions,
         stage: DiagnosisStage,
         hub: DiagnosisHub,
     ) -> None:

@@ -76,6 +76,18 @@ async def get_or_create_stream(
     return row
 
 
+async def stream_position(session: AsyncSession, stream_id: int) -> tuple[int, int] | None:
+    """(committed offset, lines) of a stream, or None if it no longer exists."""
+    row = (
+        await session.execute(
+            select(LogStreamRow.committed_offset, LogStreamRow.lines).where(
+                LogStreamRow.id == stream_id
+            )
+        )
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
 @dataclass(frozen=True, slots=True)
 class Progress:
     """What one commit adds to a stream, relative to the offset it started from."""

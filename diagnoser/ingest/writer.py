@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from diagnoser.config import IngestSettings
 from diagnoser.ingest.framing import Framer, LineBatch
@@ -23,8 +22,12 @@ from diagnoser.ingest.streams import (
     commit_progress,
     ensure_job,
     get_or_create_stream,
+    stream_position,
 )
 from diagnoser.pipeline import Pipeline, StreamKey
+from diagnoser.store.database import Sessions
+
+KNOWN_STREAMS = 100_000
 
 
 class OffsetGapError(Exception):
@@ -82,7 +85,7 @@ class StreamLocks:
 class _Commits:
     """Offsets and counts since the last commit of one write."""
 
-    sessions: async_sessionmaker[AsyncSession]
+    sessions: Sessions
     key: StreamKey
     stream_id: int
     committed: int
@@ -117,11 +120,32 @@ class _Commits:
 
 @dataclass
 class StreamWriter:
-    sessions: async_sessionmaker[AsyncSession]
+    sessions: Sessions
     pipeline: Pipeline
     settings: IngestSettings
     locks: StreamLocks
     after_commit: AfterCommit | None = None
+    known: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
+    """Stream ids already created: a later request reads its offset in one statement."""
+
+    async def _open(self, key: StreamKey, job_metadata: dict[str, str]) -> tuple[int, int, int]:
+        """(stream id, committed offset, lines) read fresh: another replica may have written."""
+        cache_key = (key.job_id, key.stream)
+        stream_id = self.known.get(cache_key)
+        if stream_id is not None and not job_metadata:
+            async with self.sessions() as session:
+                position = await stream_position(session, stream_id)
+            if position is not None:
+                self.known.move_to_end(cache_key)
+                return stream_id, *position
+        async with self.sessions.begin() as session:
+            await ensure_job(session, key.job_id, job_metadata)
+            row = await get_or_create_stream(session, key.job_id, key.stream, key.node, key.rank)
+            opened = row.id, row.committed_offset, row.lines
+        self.known[cache_key] = opened[0]
+        if len(self.known) > KNOWN_STREAMS:
+            self.known.popitem(last=False)
+        return opened
 
     async def write(
         self,
@@ -140,12 +164,7 @@ class StreamWriter:
         if lock.locked():
             raise StreamBusyError("another request is writing this stream")
         async with lock:
-            async with self.sessions.begin() as session:
-                await ensure_job(session, key.job_id, job_metadata)
-                row = await get_or_create_stream(
-                    session, key.job_id, key.stream, key.node, key.rank
-                )
-                stream_id, committed, lines = row.id, row.committed_offset, row.lines
+            stream_id, committed, lines = await self._open(key, job_metadata)
             if offset is not None and offset > committed:
                 raise OffsetGapError(committed)
             outcome = WriteOutcome(next_offset=committed)

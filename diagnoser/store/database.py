@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,7 +12,12 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 SYNC_DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg"}
 ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
@@ -93,14 +101,38 @@ def create_service_engine(
     db: DatabaseUrl, *, pool_size: int = 10, connect_timeout_s: float = 3.0, echo: bool = False
 ) -> AsyncEngine:
     """The service's engine; pre-ping lets it recover by itself when the server comes back."""
-    kwargs: dict[str, Any] = {
-        "connect_args": _connect_args(db, connect_timeout_s),
-        "pool_pre_ping": True,
-        "echo": echo,
-    }
+    kwargs: dict[str, Any] = {"connect_args": _connect_args(db, connect_timeout_s), "echo": echo}
     if db.backend == "postgresql":
         kwargs["pool_size"] = pool_size
+        kwargs["pool_pre_ping"] = True  # a local file needs no ping; a server may have restarted
     engine = create_async_engine(db.async_, **kwargs)
     if db.backend == "sqlite":
         _tune_sqlite(engine.sync_engine)
     return engine
+
+
+class Sessions:
+    """Read sessions, and write transactions that queue fairly for SQLite's single writer.
+
+    SQLite lets one connection write at a time and makes the others spin in its busy handler,
+    which is not first come, first served: under many concurrent streams some writers time out.
+    Queueing them on one asyncio lock first keeps every write short and the order fair.
+    PostgreSQL needs no gate. Drop-in for an `async_sessionmaker`: `sessions()` and
+    `sessions.begin()`.
+    """
+
+    def __init__(self, engine: AsyncEngine, backend: str) -> None:
+        self.factory = async_sessionmaker(engine, expire_on_commit=False)
+        self._gate = asyncio.Lock() if backend == "sqlite" else None
+
+    def __call__(self) -> AsyncSession:
+        return self.factory()
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncSession]:
+        if self._gate is None:
+            async with self.factory.begin() as session:
+                yield session
+            return
+        async with self._gate, self.factory.begin() as session:
+            yield session
