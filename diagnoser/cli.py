@@ -256,8 +256,10 @@ def rules_test(
 
 def main() -> None:
     from diagnoser.diagnosis.console import diagnoses_app
+    from diagnoser.evaluation.command import evaluate
     from diagnoser.shipper.command import ship
 
     app.command("ship")(ship)
+    app.command("eval")(evaluate)
     app.add_typer(diagnoses_app, name="diagnoses")
     app()

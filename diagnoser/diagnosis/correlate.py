@@ -5,10 +5,17 @@ of evidence, strongest first:
 
 1. hardware errors name their node outright (an Xid 79 outranks every timeout it caused);
 2. other root-cause classes (process death, memory, storage, user code, framework faults),
-   with torchrun's `Root Cause (first observed failure)` host and rank preferred;
+   with torchrun's `Root Cause (first observed failure)` host and rank preferred; a specific
+   rule's verdict outranks a fallback rule's "some exception happened" (an unclassified
+   traceback does not hide the wandb or rendezvous error that raised it);
 3. collective timeouts and remote errors, which are symptoms when anything above exists; alone,
    the rank whose last enqueued / completed NCCL work is behind the others is the likely culprit;
 4. otherwise the earliest failure by time.
+
+Culprits: every node with the root's strength of hardware evidence; the lagging rank's node for
+timeouts; torchrun's root-cause host; otherwise, for failures local to a process (resource,
+user code, framework), the node where the root event happened. Network and storage failures of
+shared services name no node. A cordon is never issued without a culprit.
 
 Pure: plain data in, plain data out; no I/O.
 """
@@ -19,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from diagnoser.rules import Action, Category, RuleEvent, RuleSet, relate
+from diagnoser.rules import Action, Category, RuleEvent, RuleSet, Scope, relate
 from diagnoser.rules.schema import Severity
 
 
@@ -40,6 +47,9 @@ SYMPTOM_TYPES = frozenset(
     {"nccl_timeout", "nccl_remote_error", "nccl_system_error", "socket_closed", "ib_error"}
 )
 """Failure types a surviving rank reports when another rank or node failed first."""
+
+LOCAL_CATEGORIES = frozenset({Category.RESOURCE, Category.USER_CODE, Category.FRAMEWORK})
+"""Failures that happen inside one process: the node it ran on is where to look first."""
 
 CLASS_RANK: dict[Category, int] = {
     Category.HARDWARE: 0,
@@ -78,11 +88,14 @@ def _is_symptom(event: RuleEvent) -> bool:
     return event.failure_type in SYMPTOM_TYPES
 
 
-def _strength(event: RuleEvent) -> tuple[int, int, int, float]:
-    """Sort key: root-cause class, then real verdicts before escalations, then time."""
+def _strength(event: RuleEvent, fallbacks: frozenset[str]) -> tuple[int, int, int, int, float]:
+    """Sort key: symptoms last; hardware first; specific rules before fallback rules; then
+    root-cause class, real verdicts before escalations, and time."""
     symptom = 1 if _is_symptom(event) else 0
+    rank = CLASS_RANK[event.category]
+    fallback = 1 if event.rule_id in fallbacks and event.category is not Category.HARDWARE else 0
     escalates = 1 if event.action is Action.ESCALATE else 0
-    return (symptom, CLASS_RANK[event.category], escalates, event.time)
+    return (symptom, fallback, rank, escalates, event.time)
 
 
 def _culprit_node(event: RuleEvent) -> str:
@@ -132,7 +145,8 @@ def correlate(events: Sequence[RuleEvent], ruleset: RuleSet) -> Verdict:
     relations = relate(relevant, ruleset)
     overridden = relations.overridden_by
     roots = [e for i, e in enumerate(relevant) if i not in relations.symptom_of]
-    ordered = sorted(roots or relevant, key=_strength)
+    fallbacks = frozenset(rule.id for rule in ruleset.rules if rule.spec.fallback)
+    ordered = sorted(roots or relevant, key=lambda e: _strength(e, fallbacks))
     root = ordered[0]
     inferred = False
     culprits: tuple[str, ...]
@@ -148,10 +162,10 @@ def correlate(events: Sequence[RuleEvent], ruleset: RuleSet) -> Verdict:
         inferred = bool(lagging)
         if lagging:
             root = lagging[0]
+    elif "host" in root.entities or root.scope is Scope.NODE or root.category in LOCAL_CATEGORIES:
+        culprits = (_culprit_node(root),)
     else:
-        culprits = (_culprit_node(root),) if "host" in root.entities else ()
-        if root.scope.value == "node":
-            culprits = (_culprit_node(root),)
+        culprits = ()
     action = root.action
     index = relevant.index(root)
     if index in overridden:

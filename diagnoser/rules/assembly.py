@@ -38,8 +38,13 @@ _PREFIX = regex.compile(
     r"^(?:\[(?:rank|[a-z]+)?\d+\]:[ ]?|\d{1,5}: |\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)[ ]?)"
 )
 _EXCEPTION_LINE = regex.compile(
-    r"^(?P<qualname>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Z]\w*[a-z]\w*))(?::[ ]?(?P<message>.*))?$"
+    r"^(?P<qualname>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Z]\w*[a-z]\w*)"
+    r"|(?:[a-z_]\w*\.)+(?P<lower>[a-z]\w*))(?::[ ]?(?P<message>.*))?$"
 )
+"""`KeyError: 'x'`, `torch.OutOfMemoryError: ...`, and the lower-case classes some modules
+define (`socket.gaierror`, `socket.timeout`), which only count when qualified by a module."""
+_RICH_FRAME = ("│", "╭", "╰")
+"""Rich's boxed tracebacks (accelerate, transformers CLIs) draw frames inside a box."""
 _FIELD = regex.compile(r"^\s*(?P<key>\w+)\s*:\s*(?P<value>.*?)\s*$")
 _SIGNAL_TEXT = regex.compile(r"\b(SIG[A-Z0-9]+)\b")
 _NCCL_CONTINUATION = regex.compile(r"^\s*(?:nccl[A-Z]\w*:|Last error:)")
@@ -114,7 +119,7 @@ class TracebackAssembler(Assembler):
         body = strip_prefix(line)
         if len(self.lines) >= MAX_TRACEBACK_LINES or TRIGGERS[Unit.TRACEBACK][0] in body:
             return Verdict.ABANDON
-        if body[:1].isspace() or not body:
+        if not body or body[:1].isspace() or body.startswith(_RICH_FRAME):
             self.lines.append(line)
             return Verdict.CONTINUE
         if _EXCEPTION_LINE.match(body):
@@ -132,7 +137,10 @@ class TracebackAssembler(Assembler):
         m = _EXCEPTION_LINE.match(self.exception)
         entities: dict[str, str] = {}
         if m:
-            entities = {"exception": m["name"], "exception_qualname": m["qualname"]}
+            entities = {
+                "exception": m["name"] or m["lower"],
+                "exception_qualname": m["qualname"],
+            }
         frames = [ln for ln in self.lines if strip_prefix(ln).lstrip().startswith('File "')]
         if frames:
             entities["last_frame"] = strip_prefix(frames[-1]).strip()

@@ -12,9 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from diagnoser.store.database import parse_database_url
-from diagnoser.store.migrate import upgrade
-from tests.servers import PostgresServer, ServiceProcess
+from tests.conftest import backend_env, run_service
+from tests.servers import ServiceProcess
 
 TEXT = {"Content-Type": "text/plain"}
 TIMEOUT = (
@@ -38,16 +37,7 @@ NOISE = (
 def service(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServiceProcess]:
-    env = {"DIAGNOSER_DATA_DIR": str(tmp_path_factory.mktemp("data"))}
-    if request.param == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres_server")
-        url = server.create_database()
-        upgrade(parse_database_url(url))
-        env["DIAGNOSER_DB__URL"] = url
-    process = ServiceProcess(env=env)
-    process.start()
-    yield process
-    process.stop()
+    yield from run_service(backend_env(request, tmp_path_factory.mktemp("data")))
 
 
 def send(service: ServiceProcess, job: str, node: str, text: str) -> dict[str, object]:
@@ -146,23 +136,29 @@ def test_an_unresolved_trace_is_inconclusive_and_escalated(service: ServiceProce
 
 
 def test_filters_and_cursor_pages(service: ServiceProcess) -> None:
-    for n in range(3):
+    for n in range(5):
         send(service, f"pages-{n}", "gpu-pages", OOM)
     by_node = diagnoses(service, node="gpu-pages")
-    assert by_node == []  # an OOM names no culprit node
-    oom = diagnoses(service, category="resource", limit="2")
-    assert len(oom) == 2
-    first = httpx.get(
-        f"{service.base_url}/v1/diagnoses", params={"category": "resource", "limit": 2}
-    ).json()
-    rest = httpx.get(
-        f"{service.base_url}/v1/diagnoses",
-        params={"category": "resource", "limit": 2, "cursor": first["next_cursor"]},
-    ).json()
-    ids = [d["id"] for d in first["diagnoses"]] + [d["id"] for d in rest["diagnoses"]]
-    assert len(ids) == len(set(ids)) >= 4
-    assert diagnoses(service, node="node-3")[0]["job_id"] == "xid"
+    assert sorted(str(d["job_id"]) for d in by_node) == [f"pages-{n}" for n in range(5)]
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        params: dict[str, str | int] = {"category": "resource", "limit": 2}
+        if cursor:
+            params["cursor"] = cursor
+        body = httpx.get(f"{service.base_url}/v1/diagnoses", params=params).json()
+        assert len(body["diagnoses"]) <= 2
+        seen.extend(d["job_id"] for d in body["diagnoses"])
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert len(seen) == len(set(seen))
+    assert {f"pages-{n}" for n in range(5)} <= set(seen)
+    assert seen.index("pages-4") < seen.index("pages-0")  # newest first
+    assert diagnoses(service, category="hardware", job="pages-1") == []
     bad = httpx.get(f"{service.base_url}/v1/diagnoses", params={"category": "cosmic_rays"})
+    assert bad.status_code == 422
+    bad = httpx.get(f"{service.base_url}/v1/diagnoses", params={"cursor": "bogus"})
     assert bad.status_code == 422
 
 

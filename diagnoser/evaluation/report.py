@@ -1,0 +1,114 @@
+"""Print a `Summary`: a rich table per class and a list of misses, or one JSON object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from diagnoser.evaluation.scoring import METRICS, TOTAL, CaseMiss, Labels, Spread, Summary
+
+HEADERS = {
+    "action_accuracy": "action",
+    "category_accuracy": "category",
+    "culprit_accuracy": "culprit",
+    "false_cordons": "false cordons",
+    "missed_cordons": "missed cordons",
+    "inconclusive_rate": "inconclusive",
+}
+COUNTS = frozenset({"false_cordons", "missed_cordons"})
+
+
+def _cell(name: str, value: Spread | None, runs: int) -> str:
+    if value is None:
+        return "-"
+    fmt = "{:.0f}" if name in COUNTS and runs == 1 else "{:.2f}"
+    text = fmt.format(value.mean)
+    if runs > 1:
+        text += f" ±{value.stdev:.2f} [{value.min:.2f}-{value.max:.2f}]"
+    return text
+
+
+def _labels(labels: Labels) -> str:
+    nodes = f" @{','.join(labels.culprit_nodes)}" if labels.culprit_nodes else ""
+    category = labels.category.value if labels.category else "-"
+    return f"{labels.action.value} / {category} / {labels.failure_type}{nodes}"
+
+
+def render(summary: Summary, failures: list[str], console: Console) -> None:
+    title = "diagnosis evaluation"
+    if summary.runs > 1:
+        title += escape(f" (mean ±stdev [min-max] over {summary.runs} runs)")
+    table = Table("class", "cases", *(HEADERS[name] for name in METRICS), title=title)
+    for row, metrics in summary.metrics.items():
+        cells = [_cell(name, metrics[name], summary.runs) for name in METRICS]
+        if row == TOTAL:
+            table.add_section()
+            table.add_row(f"[bold]{row}[/]", str(summary.cases[row]), *cells, style="bold")
+        else:
+            table.add_row(row, str(summary.cases[row]), *cells)
+    console.print(table)
+    if summary.misses:
+        console.print(f"\n[bold]misses[/] ({len(summary.misses)})")
+        for miss in summary.misses:
+            runs = f" in {miss.runs_missed}/{miss.runs} runs" if miss.runs > 1 else ""
+            kinds = ", ".join(kind.value for kind in miss.kinds)
+            console.print(
+                f"[bold]{miss.case_id}[/] ({miss.cls}; {kinds}{runs})\n"
+                f"  expected {escape(_labels(miss.expected))}\n"
+                f"  got      {escape(_labels(miss.got))}\n"
+                f"  source   {escape(miss.source)}"
+            )
+    if failures:
+        for reason in failures:
+            console.print(f"[bold red]FAIL[/] {reason}")
+    else:
+        console.print("[bold green]PASS[/]")
+
+
+def _spread_json(value: Spread | None) -> dict[str, float] | None:
+    if value is None:
+        return None
+    return {k: round(v, 4) for k, v in (("mean", value.mean), ("stdev", value.stdev),
+                                         ("min", value.min), ("max", value.max))}  # fmt: skip
+
+
+def _labels_json(labels: Labels) -> dict[str, Any]:
+    return {
+        "status": labels.status.value,
+        "category": labels.category.value if labels.category else None,
+        "failure_type": labels.failure_type,
+        "action": labels.action.value,
+        "culprit_nodes": list(labels.culprit_nodes),
+    }
+
+
+def _miss_json(miss: CaseMiss) -> dict[str, Any]:
+    return {
+        "case": miss.case_id,
+        "class": miss.cls,
+        "source": miss.source,
+        "kinds": [kind.value for kind in miss.kinds],
+        "runs_missed": miss.runs_missed,
+        "expected": _labels_json(miss.expected),
+        "got": _labels_json(miss.got),
+    }
+
+
+def as_json(summary: Summary, failures: list[str]) -> dict[str, Any]:
+    """The stable `eval --json` shape: every metric as {mean, stdev, min, max} (or null)."""
+
+    def row(name: str) -> dict[str, Any]:
+        metrics = summary.metrics[name]
+        return {"cases": summary.cases[name]} | {m: _spread_json(metrics[m]) for m in METRICS}
+
+    return {
+        "runs": summary.runs,
+        "passed": not failures,
+        "failures": failures,
+        "total": row(TOTAL),
+        "classes": {name: row(name) for name in summary.metrics if name != TOTAL},
+        "misses": [_miss_json(miss) for miss in summary.misses],
+    }

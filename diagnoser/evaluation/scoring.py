@@ -1,0 +1,260 @@
+"""Scoring: pure functions over (expected, got) records. No I/O, no diagnoser run.
+
+One run of the corpus is a list of `Record`s; `score` turns it into `Metrics` per class and in
+total. A nondeterministic diagnoser (the LLM stage) is run several times: `summarise` reduces the
+runs to the mean and spread of every metric, and `gate` checks the result against the floors.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from diagnoser.diagnosis.correlate import Status
+from diagnoser.rules import Action, Category
+
+TOTAL = "total"
+
+
+@dataclass(frozen=True, slots=True)
+class Labels:
+    """A diagnosis reduced to what is scored: a case's label, or what a diagnoser answered."""
+
+    status: Status
+    category: Category | None
+    failure_type: str | None
+    action: Action
+    culprit_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Floors:
+    """Minimum total accuracies (0..1); below any of them the evaluation fails. None: no floor."""
+
+    action: float | None = None
+    category: float | None = None
+    culprit: float | None = None
+
+
+class Miss(StrEnum):
+    ACTION = "action"
+    CATEGORY = "category"
+    CULPRIT = "culprit"
+    FALSE_CORDON = "false_cordon"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One case diagnosed once."""
+
+    case_id: str
+    cls: str
+    source: str
+    expected: Labels
+    got: Labels
+
+    @property
+    def action_ok(self) -> bool:
+        return self.got.action is self.expected.action
+
+    @property
+    def category_ok(self) -> bool:
+        return self.got.category == self.expected.category
+
+    @property
+    def culprit_ok(self) -> bool | None:
+        """Exact node-set match; None when the label names no culprit (not scored)."""
+        if not self.expected.culprit_nodes:
+            return None
+        return set(self.got.culprit_nodes) == set(self.expected.culprit_nodes)
+
+    @property
+    def false_cordon(self) -> bool:
+        """A cordon where none was expected, or one that takes out a node the label does not
+        name: either way a healthy node leaves the cluster."""
+        if self.got.action is not Action.CORDON_NODE_AND_RESTART:
+            return False
+        if self.expected.action is not Action.CORDON_NODE_AND_RESTART:
+            return True
+        return not set(self.got.culprit_nodes) <= set(self.expected.culprit_nodes)
+
+    @property
+    def missed_cordon(self) -> bool:
+        return (
+            self.expected.action is Action.CORDON_NODE_AND_RESTART
+            and self.got.action is not Action.CORDON_NODE_AND_RESTART
+        )
+
+    @property
+    def inconclusive(self) -> bool:
+        """What the rules could not settle: the cases a later LLM stage receives."""
+        return self.got.status is Status.INCONCLUSIVE or self.got.action is Action.ESCALATE
+
+    @property
+    def misses(self) -> tuple[Miss, ...]:
+        found = []
+        if not self.action_ok:
+            found.append(Miss.ACTION)
+        if not self.category_ok:
+            found.append(Miss.CATEGORY)
+        if self.culprit_ok is False:
+            found.append(Miss.CULPRIT)
+        if self.false_cordon:
+            found.append(Miss.FALSE_CORDON)
+        return tuple(found)
+
+
+METRICS = (
+    "action_accuracy",
+    "category_accuracy",
+    "culprit_accuracy",
+    "false_cordons",
+    "missed_cordons",
+    "inconclusive_rate",
+)
+"""Metric names, in report order. Accuracies and rates are 0..1; cordons are counts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    cases: int = 0
+    action_correct: int = 0
+    category_correct: int = 0
+    culprit_cases: int = 0
+    """Cases whose label names culprit nodes: the denominator of culprit accuracy."""
+    culprit_correct: int = 0
+    false_cordons: int = 0
+    missed_cordons: int = 0
+    inconclusive: int = 0
+
+    def values(self) -> dict[str, float | None]:
+        """Metric name -> value; None where the denominator is zero."""
+
+        def rate(part: int, whole: int) -> float | None:
+            return part / whole if whole else None
+
+        return {
+            "action_accuracy": rate(self.action_correct, self.cases),
+            "category_accuracy": rate(self.category_correct, self.cases),
+            "culprit_accuracy": rate(self.culprit_correct, self.culprit_cases),
+            "false_cordons": float(self.false_cordons),
+            "missed_cordons": float(self.missed_cordons),
+            "inconclusive_rate": rate(self.inconclusive, self.cases),
+        }
+
+
+def _metrics(records: Iterable[Record]) -> Metrics:
+    counts: defaultdict[str, int] = defaultdict(int)
+    for r in records:
+        counts["cases"] += 1
+        counts["action_correct"] += r.action_ok
+        counts["category_correct"] += r.category_ok
+        culprit = r.culprit_ok
+        if culprit is not None:
+            counts["culprit_cases"] += 1
+            counts["culprit_correct"] += culprit
+        counts["false_cordons"] += r.false_cordon
+        counts["missed_cordons"] += r.missed_cordon
+        counts["inconclusive"] += r.inconclusive
+    return Metrics(**counts)
+
+
+def score(records: Sequence[Record]) -> dict[str, Metrics]:
+    """Metrics per class, sorted by class name, then `TOTAL` over every record."""
+    by_class: dict[str, list[Record]] = defaultdict(list)
+    for record in records:
+        by_class[record.cls].append(record)
+    scores = {cls: _metrics(by_class[cls]) for cls in sorted(by_class)}
+    scores[TOTAL] = _metrics(records)
+    return scores
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """A metric over repeated runs (population stdev: 0 for one run or a deterministic stage)."""
+
+    mean: float
+    stdev: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(statistics.fmean(values), statistics.pstdev(values), min(values), max(values))
+
+
+@dataclass(frozen=True, slots=True)
+class CaseMiss:
+    """A case missed in at least one run; `got` is from the first run that missed it."""
+
+    case_id: str
+    cls: str
+    source: str
+    expected: Labels
+    got: Labels
+    kinds: tuple[Miss, ...]
+    runs_missed: int
+    runs: int
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    runs: int
+    cases: dict[str, int]
+    """Class (and `TOTAL`) -> number of cases."""
+    metrics: dict[str, dict[str, Spread | None]]
+    """Class (and `TOTAL`) -> metric name -> spread over runs (None: no denominator)."""
+    misses: tuple[CaseMiss, ...] = field(default=())
+
+
+def _spread(values: list[float | None]) -> Spread | None:
+    present = [v for v in values if v is not None]
+    return Spread.of(present) if present else None
+
+
+def summarise(runs: Sequence[Sequence[Record]]) -> Summary:
+    """Reduce N runs over the same cases to each metric's spread, and the cases ever missed."""
+    if not runs:
+        raise ValueError("nothing to summarise: no runs")
+    scored = [score(run) for run in runs]
+    rows = list(scored[0])
+    metrics = {
+        row: {name: _spread([s[row].values()[name] for s in scored]) for name in METRICS}
+        for row in rows
+    }
+    first: dict[str, Record] = {}
+    missed: dict[str, int] = defaultdict(int)
+    for run in runs:
+        for record in run:
+            if record.misses:
+                missed[record.case_id] += 1
+                first.setdefault(record.case_id, record)
+    misses = tuple(
+        CaseMiss(
+            r.case_id, r.cls, r.source, r.expected, r.got, r.misses, missed[r.case_id], len(runs)
+        )
+        for r in sorted(first.values(), key=lambda r: (r.cls, r.case_id))
+    )
+    return Summary(len(runs), {row: scored[0][row].cases for row in rows}, metrics, misses)
+
+
+def gate(summary: Summary, floors: Floors) -> list[str]:
+    """Why the evaluation fails (empty: it passes). Any false cordon in any run fails it; each
+    accuracy floor is checked against the mean over runs."""
+    reasons = []
+    total = summary.metrics[TOTAL]
+    cordons = total["false_cordons"]
+    if cordons is not None and cordons.max > 0:
+        reasons.append(f"{cordons.max:.0f} false cordon(s): a healthy node would be cordoned")
+    for name, floor in (
+        ("action_accuracy", floors.action),
+        ("category_accuracy", floors.category),
+        ("culprit_accuracy", floors.culprit),
+    ):
+        value = total[name]
+        if floor is not None and value is not None and value.mean < floor:
+            reasons.append(f"{name} {value.mean:.3f} is below its floor {floor:.3f}")
+    return reasons

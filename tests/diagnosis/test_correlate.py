@@ -1,0 +1,192 @@
+"""Job-level correlation on events from the real engine and the shipped pack.
+
+Every scenario is built from real log lines (public issues, NVIDIA and PyTorch formats, the
+fixtures in tests/fixtures/logs) run through `JobScanner`: the verdicts below are what the
+pack and `correlate` produce together, not what hand-made events would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from diagnoser.diagnosis.correlate import Status, Verdict, correlate
+from diagnoser.rules import Action, Category, RuleSet, load_dir, make_batch
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "logs"
+
+XID_79 = "kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."
+
+
+def timeout(rank: int, seq: int = 80078) -> str:
+    return (
+        f"[rank{rank}]:[E816 01:45:40.183009389 ProcessGroupNCCL.cpp:607] [Rank {rank}] Watchdog "
+        f"caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=BROADCAST, "
+        "NumelIn=5056, NumelOut=5056, Timeout(ms)=600000) ran for 600026 milliseconds before "
+        "timing out."
+    )
+
+
+def progress(rank: int, enqueued: int, completed: int, work: int = 1580) -> str:
+    return (
+        f"[rank{rank}]:[E321 02:07:08.465150152 ProcessGroupNCCL.cpp:1664] [PG 1 Rank {rank}] "
+        f"Exception (either an error or timeout) detected by watchdog at work: {work}, last "
+        f"enqueued NCCL work: {enqueued}, last completed NCCL work: {completed}."
+    )
+
+
+CUDA_OOM = (
+    "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.78 GiB. GPU 0 has "
+    "a total capacity of 31.47 GiB of which 12.73 GiB is free. Including non-PyTorch memory, this "
+    "process has 18.73 GiB memory in use."
+)
+SIGKILL = "[ERROR] [launch.py:325:sigkill_handler] exits with return code = -9"
+HOST_OOM = (
+    "kernel: Out of memory: Killed process 15784 (python3) total-vm:11964kB, anon-rss:4288kB, "
+    "file-rss:3028kB, shmem-rss:0kB"
+)
+WANDB = [
+    "wandb: Network error (ConnectTimeout), entering retry loop.",
+    "wandb: ERROR Run initialization has timed out after 90.0 sec. Please try increasing the "
+    "timeout with the `init_timeout` setting: "
+    "`wandb.init(settings=wandb.Settings(init_timeout=120))`.",
+    "Traceback (most recent call last):",
+    '  File "/date2/zhang_h/anaconda3/envs/myenv/lib/python3.10/asyncio/locks.py", '
+    "line 214, in wait",
+    "    await fut",
+    "asyncio.exceptions.CancelledError",
+]
+
+
+@pytest.fixture(scope="module")
+def pack() -> RuleSet:
+    return load_dir(ROOT / "rules")
+
+
+def diagnose(pack: RuleSet, logs: Mapping[str, Sequence[str]]) -> Verdict:
+    """One scanner for the job, one stream per node, as `diagnoser diagnose` does."""
+    scanner = pack.job_scanner()
+    events = []
+    for node, lines in logs.items():
+        events.extend(scanner.feed(node, None, make_batch(list(lines)), 0.0))
+        events.extend(scanner.flush(node, None, 0.0))
+    return correlate(events, pack)
+
+
+def fixture(name: str) -> list[str]:
+    return (FIXTURES / name).read_text(encoding="utf-8").splitlines()
+
+
+def test_xid79_on_one_node_outranks_timeouts_on_every_rank(pack: RuleSet) -> None:
+    logs = {f"node-{n}": [timeout(rank) for rank in range(8 * n, 8 * n + 8)] for n in range(8)}
+    logs["node-3"] = [XID_79, *logs["node-3"]]
+    verdict = diagnose(pack, logs)
+    assert verdict.action is Action.CORDON_NODE_AND_RESTART
+    assert verdict.failure_type == "gpu_fallen_off_bus"
+    assert verdict.culprit_nodes == ("node-3",)
+    assert verdict.root is not None
+    assert verdict.root.text == XID_79
+    assert len(verdict.affected_ranks) == 64
+
+
+def test_timeouts_everywhere_without_hardware_restart_the_job(pack: RuleSet) -> None:
+    logs = {f"node-{n}": [timeout(rank) for rank in range(4 * n, 4 * n + 4)] for n in range(4)}
+    verdict = diagnose(pack, logs)
+    assert verdict.status is Status.FAILURE
+    assert verdict.action is Action.RESTART_JOB
+    assert verdict.category is Category.NETWORK
+    assert verdict.failure_type == "nccl_timeout"
+    assert verdict.culprit_nodes == ()
+
+
+def test_cuda_oom_on_one_rank_notifies_the_user(pack: RuleSet) -> None:
+    logs = {
+        "node-0": [timeout(0), timeout(1)],
+        "node-1": [CUDA_OOM, timeout(2)],
+    }
+    verdict = diagnose(pack, logs)
+    assert verdict.action is Action.NOTIFY_USER
+    assert verdict.failure_type == "cuda_oom"
+    assert verdict.culprit_nodes == ("node-1",)
+
+
+def test_a_healthy_run_with_noisy_warnings_is_healthy(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"node-0": fixture("healthy_with_traps.log")})
+    assert verdict.status is Status.HEALTHY
+    assert verdict.action is Action.NONE
+    assert verdict.culprit_nodes == ()
+
+
+def test_the_lagging_rank_is_named_among_timeouts(pack: RuleSet) -> None:
+    logs = {
+        "node-0": [progress(0, 1582, 1579), progress(3, 1582, 1579)],
+        "node-1": [progress(9, 1579, 1579)],
+        "node-2": [progress(17, 1582, 1579)],
+    }
+    verdict = diagnose(pack, logs)
+    assert verdict.action is Action.RESTART_JOB
+    assert verdict.culprit_nodes == ("node-1",)
+    assert verdict.root is not None
+    assert verdict.root.rank == 9
+    assert "inferred" in verdict.summary
+
+
+def test_torchrun_root_cause_host_is_preferred(pack: RuleSet) -> None:
+    logs = {
+        "launcher": fixture("torchrun_sigkill_cppo.log"),
+        "node-7": [timeout(8), timeout(9)],
+    }
+    verdict = diagnose(pack, logs)
+    assert verdict.failure_type == "process_killed"
+    assert verdict.culprit_nodes == ("mlxlab115rp2n7682d40d9-20250521025625-6dyyd3-8nir8b-worker",)
+    assert verdict.action is Action.ESCALATE
+    assert verdict.status is Status.INCONCLUSIVE
+
+
+def test_host_oom_evidence_settles_a_bare_sigkill(pack: RuleSet) -> None:
+    logs = {"node-0": [timeout(0)], "node-1": [SIGKILL, HOST_OOM]}
+    verdict = diagnose(pack, logs)
+    assert verdict.failure_type == "host_oom"
+    assert verdict.action is Action.NOTIFY_USER
+    assert verdict.culprit_nodes == ("node-1",)
+
+
+def test_a_bare_sigkill_stays_inconclusive(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"node-0": [timeout(0)], "node-1": [SIGKILL]})
+    assert verdict.failure_type == "process_killed"
+    assert verdict.action is Action.ESCALATE
+    assert verdict.culprit_nodes == ("node-1",)
+
+
+def test_a_specific_rule_outranks_an_unclassified_traceback(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"node-0": WANDB})
+    assert verdict.failure_type == "auxiliary_service_error"
+    assert verdict.action is Action.NOTIFY_USER
+    assert "python_unclassified_exception" in verdict.rule_ids
+
+
+def test_never_cordon_without_a_named_node(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"node-0": [XID_79]})
+    assert verdict.culprit_nodes == ("node-0",)
+    for node_logs in ({"n": [timeout(0)]}, {"n": [CUDA_OOM]}, {"n": WANDB}):
+        other = diagnose(pack, node_logs)
+        assert other.action is not Action.CORDON_NODE_AND_RESTART
+
+
+def test_shared_service_failures_name_no_node(pack: RuleSet) -> None:
+    verdict = diagnose(
+        pack, {"node-0": ["kernel: nfs: server fs01.cluster.local not responding, still trying"]}
+    )
+    assert verdict.failure_type == "nfs_error"
+    assert verdict.culprit_nodes == ()
+
+
+def test_contained_ecc_restarts_without_cordon(pack: RuleSet) -> None:
+    line = "NVRM: Xid (PCI:0000:3b:00): 94, pid=2931, Contained: SM (0x1). RST: No, D-RST: No"
+    verdict = diagnose(pack, {"node-0": [line], "node-1": [timeout(3)]})
+    assert verdict.action is Action.RESTART_JOB
+    assert verdict.category is Category.HARDWARE
+    assert verdict.culprit_nodes == ("node-0",)

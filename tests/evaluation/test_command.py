@@ -1,0 +1,69 @@
+"""The CI regression gate: the shipped corpus, scored end to end in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def evaluate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "diagnoser.evaluation", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def test_the_shipped_corpus_passes_its_floors_without_a_false_cordon() -> None:
+    result = evaluate("evals/", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["passed"] is True
+    assert report["total"]["false_cordons"]["max"] == 0
+    assert report["total"]["cases"] >= 150
+    assert report["runs"] == 1
+
+
+def test_repeat_reports_zero_spread_on_the_rules_path() -> None:
+    result = evaluate("evals/", "--json", "--repeat", "2")
+    report = json.loads(result.stdout)
+    for metric in ("action_accuracy", "category_accuracy", "culprit_accuracy"):
+        assert report["total"][metric]["stdev"] == 0
+    assert report["runs"] == 2
+
+
+def test_the_table_names_every_class_and_the_misses() -> None:
+    result = evaluate("evals/")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "total" in result.stdout
+    assert "multi_node" in result.stdout
+    assert "PASS" in result.stdout
+
+
+def test_a_broken_corpus_exits_2_with_one_line_per_problem(tmp_path: Path) -> None:
+    case = tmp_path / "cases" / "bad"
+    case.mkdir(parents=True)
+    (case / "node-0.log").write_text("hello\n")
+    (case / "case.yaml").write_text(
+        "id: bad\nclass: x\nsource: s\nexpected: {status: failure, category: hardware, "
+        "failure_type: gpu_lost, action: cordon, culprit_nodes: []}\n"
+    )
+    result = evaluate(str(tmp_path))
+    assert result.returncode == 2
+    assert "expected.action" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_floor_above_reach_fails_the_gate(tmp_path: Path) -> None:
+    (tmp_path / "cases").symlink_to(ROOT / "evals" / "cases")
+    (tmp_path / "floors.yaml").write_text("action: 1.0\n")
+    result = evaluate(str(tmp_path), "--json")
+    assert result.returncode == 1
+    assert "action_accuracy" in json.loads(result.stdout)["failures"][0]
