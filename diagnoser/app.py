@@ -51,7 +51,7 @@ def create_app(settings: Settings) -> FastAPI:
             if settings.redis.url
             else None
         )
-        sessions = Sessions(engine, database.backend)
+        sessions = Sessions(engine, database, connect_timeout_s=settings.db.connect_timeout_s)
         registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
         reloader = RuleReloader(registry)
         stage = DiagnosisStage(registry)
@@ -87,7 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             if redis is not None:
                 await redis.aclose()
-            await engine.dispose()
+            await sessions.close()
 
     app = FastAPI(
         title="diagnoser",

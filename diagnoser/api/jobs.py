@@ -91,8 +91,8 @@ async def get_job(job_id: JobId, resources: ResourcesDep) -> JobDetail:
 async def put_job(job_id: JobId, metadata: JobMetadata, resources: ResourcesDep) -> JobSummary:
     """Create the job or set its metadata (family, framework, Kubernetes namespace/kind/name)."""
     values = metadata.model_dump(exclude_none=True)
+    await resources.sessions.run(lambda conn: ensure_job(conn, job_id, {}))
     async with resources.sessions.begin() as session:
-        await ensure_job(session, job_id, {})
         job = await session.get(JobRow, job_id)
         assert job is not None
         for key, value in values.items():
@@ -110,8 +110,8 @@ async def post_event(job_id: JobId, event: JobEventIn, resources: ResourcesDep) 
         ts = datetime.fromtimestamp(epoch, UTC)
     else:
         ts = utcnow()
+    await resources.sessions.run(lambda conn: ensure_job(conn, job_id, {}))
     async with resources.sessions.begin() as session:
-        await ensure_job(session, job_id, {})
         job = await session.get(JobRow, job_id)
         assert job is not None
         job.last_activity_at = utcnow()

@@ -1,38 +1,41 @@
-"""Durable stream state: jobs and their byte streams, committed offsets advanced optimistically."""
+"""Durable stream state: jobs and their byte streams, committed offsets advanced optimistically.
+
+Plain synchronous SQLAlchemy Core on a `Connection`, one function per transaction, because
+this is the ingest hot path: `Sessions.run` executes each as a single hop to the database
+thread (SQLite) or one greenlet run (PostgreSQL), instead of a thread round trip per statement.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Connection, Table, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from diagnoser.store.models import JobRow, LogStreamRow, utcnow
 
 JOB_METADATA_FIELDS = ("family", "framework", "namespace", "kind", "name")
+JOBS: Table = JobRow.__table__  # type: ignore[assignment]
+STREAMS: Table = LogStreamRow.__table__  # type: ignore[assignment]
 
 
 def default_stream_id(node: str, rank: int | None) -> str:
     return node if rank is None else f"{node}/{rank}"
 
 
-async def insert_ignoring_conflict(
-    session: AsyncSession, table: Table, values: dict[str, Any]
-) -> None:
+def insert_ignoring_conflict(conn: Connection, table: Table, values: dict[str, Any]) -> None:
     """INSERT that is a no-op when the row exists: two first requests may race, neither fails."""
-    dialect = session.bind.dialect.name if session.bind is not None else "sqlite"
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    await session.execute(insert(table).values(**values).on_conflict_do_nothing())
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    conn.execute(insert(table).values(**values).on_conflict_do_nothing())
 
 
-async def ensure_job(session: AsyncSession, job_id: str, metadata: dict[str, str]) -> None:
+def ensure_job(conn: Connection, job_id: str, metadata: dict[str, str]) -> None:
     """Create the job on first contact; metadata given later fills fields still empty."""
     now = utcnow()
-    await insert_ignoring_conflict(
-        session,
-        JobRow.__table__,  # type: ignore[arg-type]
+    insert_ignoring_conflict(
+        conn,
+        JOBS,
         {
             "id": job_id,
             "created_at": now,
@@ -43,19 +46,33 @@ async def ensure_job(session: AsyncSession, job_id: str, metadata: dict[str, str
         },
     )
     if metadata:
-        job = await session.get(JobRow, job_id)
-        if job is not None:
-            for key, value in metadata.items():
-                if getattr(job, key) is None:
-                    setattr(job, key, value)
+        conn.execute(
+            update(JOBS)
+            .where(JOBS.c.id == job_id)
+            .values({key: func.coalesce(JOBS.c[key], value) for key, value in metadata.items()})
+        )
 
 
-async def get_or_create_stream(
-    session: AsyncSession, job_id: str, stream: str, node: str, rank: int | None
-) -> LogStreamRow:
-    await insert_ignoring_conflict(
-        session,
-        LogStreamRow.__table__,  # type: ignore[arg-type]
+class StreamPosition(NamedTuple):
+    stream_id: int
+    committed_offset: int
+    lines: int
+
+
+def open_stream(
+    conn: Connection,
+    job_id: str,
+    stream: str,
+    node: str,
+    rank: int | None,
+    metadata: dict[str, str],
+) -> StreamPosition:
+    """Create the job and the stream if new; where the stream stands now."""
+    ensure_job(conn, job_id, metadata)
+    now = utcnow()
+    insert_ignoring_conflict(
+        conn,
+        STREAMS,
         {
             "job_id": job_id,
             "stream": stream,
@@ -64,28 +81,24 @@ async def get_or_create_stream(
             "committed_offset": 0,
             "lines": 0,
             "truncated_lines": 0,
-            "created_at": utcnow(),
-            "updated_at": utcnow(),
+            "created_at": now,
+            "updated_at": now,
         },
     )
-    row = await session.scalar(
-        select(LogStreamRow).where(LogStreamRow.job_id == job_id, LogStreamRow.stream == stream)
-    )
-    if row is None:  # deleted between the insert and the select: the job was removed
-        raise LookupError(f"stream {stream!r} of job {job_id!r} vanished")
-    return row
-
-
-async def stream_position(session: AsyncSession, stream_id: int) -> tuple[int, int] | None:
-    """(committed offset, lines) of a stream, or None if it no longer exists."""
-    row = (
-        await session.execute(
-            select(LogStreamRow.committed_offset, LogStreamRow.lines).where(
-                LogStreamRow.id == stream_id
-            )
+    row = conn.execute(
+        select(STREAMS.c.id, STREAMS.c.committed_offset, STREAMS.c.lines).where(
+            STREAMS.c.job_id == job_id, STREAMS.c.stream == stream
         )
+    ).one()
+    return StreamPosition(row[0], row[1], row[2])
+
+
+def stream_position(conn: Connection, stream_id: int) -> StreamPosition | None:
+    """Where a known stream stands, or None if it no longer exists."""
+    row = conn.execute(
+        select(STREAMS.c.committed_offset, STREAMS.c.lines).where(STREAMS.c.id == stream_id)
     ).first()
-    return None if row is None else (row[0], row[1])
+    return None if row is None else StreamPosition(stream_id, row[0], row[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,33 +111,34 @@ class Progress:
     truncated_lines: int
 
 
-async def commit_progress(
-    session: AsyncSession, job_id: str, stream_id: int, progress: Progress
-) -> bool:
+def commit_progress(conn: Connection, job_id: str, stream_id: int, progress: Progress) -> bool:
     """Advance the committed offset only if nobody else moved it; False means a lost race."""
     now = utcnow()
-    result = await session.execute(
-        update(LogStreamRow)
-        .where(
-            LogStreamRow.id == stream_id,
-            LogStreamRow.committed_offset == progress.from_offset,
-        )
+    result = conn.execute(
+        update(STREAMS)
+        .where(STREAMS.c.id == stream_id, STREAMS.c.committed_offset == progress.from_offset)
         .values(
             committed_offset=progress.to_offset,
-            lines=LogStreamRow.lines + progress.lines,
-            truncated_lines=LogStreamRow.truncated_lines + progress.truncated_lines,
+            lines=STREAMS.c.lines + progress.lines,
+            truncated_lines=STREAMS.c.truncated_lines + progress.truncated_lines,
             updated_at=now,
         )
     )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if result.rowcount != 1:
         return False
-    await session.execute(
-        update(JobRow)
-        .where(JobRow.id == job_id)
+    conn.execute(
+        update(JOBS)
+        .where(JOBS.c.id == job_id)
         .values(
-            lines_received=JobRow.lines_received + progress.lines,
-            bytes_received=JobRow.bytes_received + (progress.to_offset - progress.from_offset),
+            lines_received=JOBS.c.lines_received + progress.lines,
+            bytes_received=JOBS.c.bytes_received + (progress.to_offset - progress.from_offset),
             last_activity_at=now,
         )
     )
     return True
+
+
+def touch_job(conn: Connection, job_id: str) -> None:
+    """Create the job if new and mark it active (lifecycle events, metadata updates)."""
+    ensure_job(conn, job_id, {})
+    conn.execute(update(JOBS).where(JOBS.c.id == job_id).values(last_activity_at=utcnow()))

@@ -19,9 +19,9 @@ from diagnoser.config import IngestSettings
 from diagnoser.ingest.framing import Framer, LineBatch
 from diagnoser.ingest.streams import (
     Progress,
+    StreamPosition,
     commit_progress,
-    ensure_job,
-    get_or_create_stream,
+    open_stream,
     stream_position,
 )
 from diagnoser.pipeline import Pipeline, StreamKey
@@ -103,8 +103,10 @@ class _Commits:
         if offset == self.committed and not self.lines:
             return
         progress = Progress(self.committed, offset, self.lines, self.truncated)
-        async with self.sessions.begin() as session:
-            won = await commit_progress(session, self.key.job_id, self.stream_id, progress)
+        job_id, stream_id = self.key.job_id, self.stream_id
+        won = await self.sessions.run(
+            lambda conn: commit_progress(conn, job_id, stream_id, progress)
+        )
         if not won:
             raise StreamBusyError("the stream's offset moved under this request")
         self.outcome.lines_accepted += self.lines
@@ -128,24 +130,23 @@ class StreamWriter:
     known: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
     """Stream ids already created: a later request reads its offset in one statement."""
 
-    async def _open(self, key: StreamKey, job_metadata: dict[str, str]) -> tuple[int, int, int]:
-        """(stream id, committed offset, lines) read fresh: another replica may have written."""
+    async def _open(self, key: StreamKey, job_metadata: dict[str, str]) -> StreamPosition:
+        """Where the stream stands, read fresh: another replica may have written since."""
         cache_key = (key.job_id, key.stream)
         stream_id = self.known.get(cache_key)
         if stream_id is not None and not job_metadata:
-            async with self.sessions() as session:
-                position = await stream_position(session, stream_id)
+            known = stream_id
+            position = await self.sessions.run(lambda conn: stream_position(conn, known))
             if position is not None:
                 self.known.move_to_end(cache_key)
-                return stream_id, *position
-        async with self.sessions.begin() as session:
-            await ensure_job(session, key.job_id, job_metadata)
-            row = await get_or_create_stream(session, key.job_id, key.stream, key.node, key.rank)
-            opened = row.id, row.committed_offset, row.lines
-        self.known[cache_key] = opened[0]
+                return position
+        position = await self.sessions.run(
+            lambda conn: open_stream(conn, key.job_id, key.stream, key.node, key.rank, job_metadata)
+        )
+        self.known[cache_key] = position.stream_id
         if len(self.known) > KNOWN_STREAMS:
             self.known.popitem(last=False)
-        return opened
+        return position
 
     async def write(
         self,
@@ -164,7 +165,8 @@ class StreamWriter:
         if lock.locked():
             raise StreamBusyError("another request is writing this stream")
         async with lock:
-            stream_id, committed, lines = await self._open(key, job_metadata)
+            position = await self._open(key, job_metadata)
+            stream_id, committed, lines = position
             if offset is not None and offset > committed:
                 raise OffsetGapError(committed)
             outcome = WriteOutcome(next_offset=committed)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import (
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+T = TypeVar("T")
 SYNC_DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg"}
 ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+psycopg"}
 
@@ -112,18 +114,28 @@ def create_service_engine(
 
 
 class Sessions:
-    """Read sessions, and write transactions that queue fairly for SQLite's single writer.
+    """Sessions for the service, and the two ways it writes.
 
-    SQLite lets one connection write at a time and makes the others spin in its busy handler,
-    which is not first come, first served: under many concurrent streams some writers time out.
-    Queueing them on one asyncio lock first keeps every write short and the order fair.
-    PostgreSQL needs no gate. Drop-in for an `async_sessionmaker`: `sessions()` and
-    `sessions.begin()`.
+    `begin()` is an ORM write transaction (rare writes: diagnoses, feedback). `run(fn)` runs
+    `fn(connection)` as one transaction of plain Core statements, for the ingest hot path: on
+    SQLite it is one hop to a single writer thread with a synchronous connection (aiosqlite
+    costs a thread round trip per statement, about 10x the statement itself), and that one
+    thread also queues writers fairly, where SQLite's busy handler would not. `begin()` on
+    SQLite queues on an asyncio lock for the same reason. PostgreSQL needs neither.
+    Drop-in for an `async_sessionmaker`: `sessions()` and `sessions.begin()`.
     """
 
-    def __init__(self, engine: AsyncEngine, backend: str) -> None:
+    def __init__(
+        self, engine: AsyncEngine, db: DatabaseUrl, *, connect_timeout_s: float = 3.0
+    ) -> None:
+        self.engine = engine
         self.factory = async_sessionmaker(engine, expire_on_commit=False)
-        self._gate = asyncio.Lock() if backend == "sqlite" else None
+        sqlite = db.backend == "sqlite"
+        self._gate = asyncio.Lock() if sqlite else None
+        self._writer = (
+            create_sync_engine(db, connect_timeout_s=connect_timeout_s) if sqlite else None
+        )
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-writer") if sqlite else None
 
     def __call__(self) -> AsyncSession:
         return self.factory()
@@ -136,3 +148,23 @@ class Sessions:
             return
         async with self._gate, self.factory.begin() as session:
             yield session
+
+    async def run(self, fn: Callable[[Connection], T]) -> T:
+        """`fn(connection)` in one transaction, committed when it returns."""
+        if self._writer is None or self._thread is None:
+            async with self.engine.begin() as connection:
+                return await connection.run_sync(fn)
+        writer = self._writer
+
+        def transaction() -> T:
+            with writer.begin() as connection:
+                return fn(connection)
+
+        return await asyncio.get_running_loop().run_in_executor(self._thread, transaction)
+
+    async def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+        if self._writer is not None:
+            self._writer.dispose()
+        await self.engine.dispose()
