@@ -26,7 +26,6 @@ import random
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from procstat import TICKS, cpu_seconds, free_port, machine_busy_ticks, rss_bytes
 from rich.console import Console
 from rich.table import Table
 
@@ -44,7 +44,6 @@ APP = Path(__file__).with_name("ingest_app.py")
 RESULTS = Path(__file__).with_name("results-ingest.md")
 FLOOR_PATH = "/bench/floor"  # bench/ingest_app.py serves both
 STAGES_PATH = "/bench/stages"
-TICKS = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
 TARGET_LINES_PER_S = 300_000
 TARGET_FLOOR_RATIO = 2.0
@@ -114,26 +113,6 @@ def make_bodies(count: int, size: int, chunk: int, seed: int = 7) -> list[Body]:
 # --- the server process -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process, from /proc (fields 14 and 15, after the command name)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
 @dataclass
 class Server:
     pid: int
@@ -148,7 +127,7 @@ class Server:
 def serve(max_concurrent: int, profile: Path | None) -> Iterator[Server]:
     """A fresh `bench/ingest_app.py` on a temp data dir, stopped (SIGTERM) and removed after."""
     data_dir = Path(tempfile.mkdtemp(prefix="diagnoser-bench-"))
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, str(APP), "--data-dir", str(data_dir), "--port", str(port)]
     command += ["--max-concurrent-requests", str(max_concurrent)]
     if profile is not None:
@@ -311,14 +290,6 @@ def client_base(client: httpx.AsyncClient) -> str:
     return str(client.base_url).rstrip("/")
 
 
-def busy_jiffies() -> int:
-    """CPU time used by everything on the machine (all cores), from /proc/stat."""
-    user, nice, system, _idle, _iowait, irq, softirq = map(
-        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
-    )
-    return user + nice + system + irq + softirq
-
-
 @dataclass(frozen=True, slots=True)
 class Run:
     scenario: str
@@ -371,14 +342,14 @@ async def throughput(
         await settle(server.pid)
         tallies = [StreamTally() for _ in range(streams)]
         cpu_before, client_before = cpu_seconds(server.pid), time.process_time()
-        busy_before = busy_jiffies()
+        busy_before = machine_busy_ticks()
         started = time.perf_counter()
         sent = await asyncio.gather(
             *(_stream(client, target, job, i, bodies, requests, tallies[i]) for i in range(streams))
         )
         wall = time.perf_counter() - started
         cpu_after, client_after = cpu_seconds(server.pid), time.process_time()
-        busy_after = busy_jiffies()
+        busy_after = machine_busy_ticks()
         if target is DIAGNOSER:
             await verify(client, job, streams, bodies, requests)
     server_cpu, client_cpu = cpu_after - cpu_before, client_after - client_before
