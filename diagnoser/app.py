@@ -57,6 +57,7 @@ def create_app(settings: Settings) -> FastAPI:
         stage = DiagnosisStage(registry)
         pipeline = Pipeline([LineCounter(), stage])
         hub = DiagnosisHub()
+        metrics.diagnosis_watchers.set_function(lambda: hub.watchers)
         flow = DiagnosisFlow(sessions, stage, hub)
         app.state.resources = Resources(
             settings=settings,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -24,6 +24,11 @@ class Metrics:
             "diagnoser_http_request_duration_seconds",
             "Time from request start to the last byte of the response.",
             ["route"],
+            registry=self.registry,
+        )
+        self.diagnosis_watchers = Gauge(
+            "diagnoser_diagnosis_watchers",
+            "Clients following GET /v1/diagnoses/stream.",
             registry=self.registry,
         )
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -277,3 +279,35 @@ def test_a_diagnosis_says_how_many_steps_a_restart_loses(service: ServiceProcess
         "last_checkpoint_step": 1000,
         "steps_lost": 250,
     }
+
+
+def metrics(service: ServiceProcess) -> str:
+    return httpx.get(f"{service.base_url}/metrics").text
+
+
+def test_the_cli_watches_diagnoses_live(service: ServiceProcess) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "diagnoser",
+        "diagnoses",
+        "watch",
+        "--server",
+        service.base_url,
+    ]
+    env = {**os.environ, "COLUMNS": "200"}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) as watcher:
+        try:
+            deadline = time.monotonic() + 20
+            while "diagnoser_diagnosis_watchers 1.0" not in metrics(service):
+                assert time.monotonic() < deadline, "the watcher never connected"
+                time.sleep(0.1)
+            send(service, "watched", "node-7", XID79)
+            assert watcher.stdout is not None
+            seen = ""
+            while "node-7" not in seen and time.monotonic() < deadline:
+                seen += watcher.stdout.readline()
+            assert "watched" in seen
+            assert "cordon_node_and_restart" in seen
+        finally:
+            watcher.terminate()
