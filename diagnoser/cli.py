@@ -154,6 +154,11 @@ def migrate(data_dir: DataDirOption = None, database_url: DatabaseUrlOption = No
 def _load_rules(directory: Path) -> RuleSet:
     from diagnoser.rules import RuleLoadError, load_dir
 
+    if not directory.is_dir():
+        raise fail(
+            f"no rule pack at {directory}: point DIAGNOSER_RULES_DIR (or --rules-dir) at the "
+            "rules/ directory of a diagnoser checkout or release"
+        )
     try:
         return load_dir(directory)
     except RuleLoadError as exc:

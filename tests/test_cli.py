@@ -113,3 +113,11 @@ def test_rules_test_shows_which_rule_fires_on_which_line(tmp_path: Path) -> None
 
 def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}
+
+
+def test_a_missing_rule_pack_says_where_to_point(tmp_path: Path) -> None:
+    env = _env(DIAGNOSER_RULES_DIR=str(tmp_path / "nowhere"))
+    result = diagnoser("serve", "--data-dir", str(tmp_path / "d"), env=env)
+    assert result.returncode == 1
+    assert "no rule pack at" in result.stderr
+    assert "DIAGNOSER_RULES_DIR" in result.stderr
