@@ -22,7 +22,7 @@ Pure: plain data in, plain data out; no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -130,14 +130,33 @@ def _dedupe(events: Sequence[RuleEvent]) -> tuple[RuleEvent, ...]:
     return tuple(kept)
 
 
-def _summary(root: RuleEvent, culprits: tuple[str, ...], action: Action, inferred: bool) -> str:
+def _silent_nodes(nodes: Collection[str], events: Sequence[RuleEvent]) -> tuple[str, ...]:
+    """Nodes of the job that said nothing while the others timed out: likely stuck or dead.
+
+    Only a few may be silent (at most a quarter of the job, and at least two nodes reporting):
+    when most nodes are silent, their logs are probably just not shipped.
+    """
+    timed_out = {e.node for e in events if e.failure_type == "nccl_timeout"}
+    silent = set(nodes) - {e.node for e in events}
+    if len(timed_out) < 2 or not silent or len(silent) > max(1, len(set(nodes)) // 4):
+        return ()
+    return tuple(sorted(silent))
+
+
+def _summary(root: RuleEvent, culprits: tuple[str, ...], action: Action, how: str) -> str:
     where = f" on {', '.join(culprits)}" if culprits else ""
-    how = " (inferred from the ranks' progress)" if inferred else ""
-    return f"{root.failure_type}{where}{how}: {action.value.replace('_', ' ')}"
+    because = f" ({how})" if how else ""
+    return f"{root.failure_type}{where}{because}: {action.value.replace('_', ' ')}"
 
 
-def correlate(events: Sequence[RuleEvent], ruleset: RuleSet) -> Verdict:
-    """The job's verdict from every rule event seen so far (order does not matter)."""
+def correlate(
+    events: Sequence[RuleEvent], ruleset: RuleSet, nodes: Collection[str] = ()
+) -> Verdict:
+    """The job's verdict from every rule event seen so far (order does not matter).
+
+    `nodes` are all the nodes the job's logs come from, so that a node that stayed silent
+    while the others timed out can be suspected.
+    """
     relevant = [e for e in events if not (e.action is Action.NONE and e.severity is Severity.INFO)]
     if not relevant:
         return HEALTHY
@@ -148,7 +167,7 @@ def correlate(events: Sequence[RuleEvent], ruleset: RuleSet) -> Verdict:
     fallbacks = frozenset(rule.id for rule in ruleset.rules if rule.spec.fallback)
     ordered = sorted(roots or relevant, key=lambda e: _strength(e, fallbacks))
     root = ordered[0]
-    inferred = False
+    how = ""
     culprits: tuple[str, ...]
     if root.category is Category.HARDWARE:
         # Every node with the same strength of hardware evidence is a culprit.
@@ -159,9 +178,12 @@ def correlate(events: Sequence[RuleEvent], ruleset: RuleSet) -> Verdict:
     elif _is_symptom(root):
         lagging = _lagging_ranks([e for e in relevant if e.failure_type == "nccl_timeout"])
         culprits = tuple(sorted({e.node for e in lagging}))
-        inferred = bool(lagging)
         if lagging:
             root = lagging[0]
+            how = "inferred from the ranks' progress"
+        elif silent := _silent_nodes(nodes, relevant):
+            culprits = silent
+            how = "inferred: no timeout reported from there while the others timed out"
     elif "host" in root.entities or root.scope is Scope.NODE or root.category in LOCAL_CATEGORIES:
         culprits = (_culprit_node(root),)
     else:
@@ -186,12 +208,10 @@ def correlate(events: Sequence[RuleEvent], ruleset: RuleSet) -> Verdict:
         category=root.category,
         culprit_nodes=culprits,
         affected_ranks=ranks,
-        confidence=_confidence(root, relevant, inferred),
-        source=Source.CORRELATION
-        if (inferred or len({e.node for e in relevant}) > 1)
-        else Source.RULE,
+        confidence=_confidence(root, relevant, bool(how)),
+        source=Source.CORRELATION if (how or len({e.node for e in relevant}) > 1) else Source.RULE,
         rule_ids=tuple(dict.fromkeys(e.rule_id for e in evidence)),
-        summary=_summary(root, culprits, action, inferred),
+        summary=_summary(root, culprits, action, how),
         root=root,
         evidence=evidence,
     )

@@ -40,6 +40,7 @@ class JobState:
     events: dict[tuple[str, str, int | None], RuleEvent] = field(default_factory=dict)
     """First event per (rule, node, rank): repeats of a line add nothing to a diagnosis."""
     progress: Progress = field(default_factory=Progress)
+    nodes: set[str] = field(default_factory=set)
     dirty: bool = False
     last: tuple[object, ...] | None = None
 
@@ -80,6 +81,7 @@ class DiagnosisStage:
     def process(self, key: StreamKey, batch: LineBatch) -> None:
         state = self._job(key.job_id)
         state.progress.observe(batch)
+        state.nodes.add(key.node)
         events = state.scanner.feed(key.node, key.rank, batch, self.clock())
         if events:
             state.add(events)
@@ -94,7 +96,7 @@ class DiagnosisStage:
         if state is None or not state.dirty:
             return None
         state.dirty = False
-        verdict = correlate(list(state.events.values()), state.ruleset)
+        verdict = correlate(list(state.events.values()), state.ruleset, state.nodes)
         key = verdict_key(verdict)
         if key == state.last:
             return None

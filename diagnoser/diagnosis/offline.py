@@ -92,5 +92,5 @@ def scan(logs: Sequence[NodeLog], ruleset: RuleSet) -> list[RuleEvent]:
 
 
 def diagnose(logs: Sequence[NodeLog], ruleset: RuleSet) -> OfflineResult:
-    verdict = correlate(scan(logs, ruleset), ruleset)
+    verdict = correlate(scan(logs, ruleset), ruleset, [log.node for log in logs])
     return OfflineResult(verdict, {log.node: log.path for log in logs})

@@ -93,3 +93,21 @@ def test_readable_report_and_usage_errors(tmp_path: Path) -> None:
     missing = diagnose(str(tmp_path / "nope.log"))
     assert missing.returncode == 2
     assert "no such file" in missing.stderr
+
+
+def test_the_one_node_that_never_timed_out_is_suspected_not_cordoned(tmp_path: Path) -> None:
+    paths = write_job(tmp_path, xid_on=None)
+    (tmp_path / "node-5.log").write_text(NOISE * 3)  # stuck or dead: no watchdog line at all
+    verdict = json.loads(diagnose(*map(str, paths), "--json").stdout)
+    assert verdict["action"] == "restart_job"
+    assert verdict["culprit_nodes"] == ["node-5"]
+    assert "no timeout reported" in verdict["summary"]
+    assert verdict["source"] == "correlation"
+
+
+def test_many_silent_nodes_are_not_blamed(tmp_path: Path) -> None:
+    paths = write_job(tmp_path, xid_on=None)
+    for node in (1, 2, 5):
+        (tmp_path / f"node-{node}.log").write_text(NOISE)
+    verdict = json.loads(diagnose(*map(str, paths), "--json").stdout)
+    assert (verdict["action"], verdict["culprit_nodes"]) == ("restart_job", [])
