@@ -312,3 +312,12 @@ def test_gzipped_fluent_bit_bodies_and_zip_bombs(service: ServiceProcess) -> Non
     bomb = gzip.compress(b"[" + b" " * 50_000_000 + b"]")
     response = httpx.post(url, params={"node": "n1"}, content=bomb, headers=headers)
     assert response.status_code == 413
+
+
+def test_evidence_text_is_clean_of_colour_codes_and_nul(service: ServiceProcess) -> None:
+    xid = "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus."
+    body = f"\x1b[31m[74889.644138] {xid}\x1b[0m\x00\r\n".encode()
+    assert post(service, "clean", body, node="gpu-1", offset=0).status_code == 200
+    [diagnosis] = httpx.get(f"{service.base_url}/v1/jobs/clean/diagnoses").json()["diagnoses"]
+    assert diagnosis["evidence"][0]["text"] == f"[74889.644138] {xid}"
+    assert diagnosis["evidence"][0]["offset"] == 0
