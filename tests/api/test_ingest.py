@@ -270,8 +270,11 @@ def test_job_metadata_from_headers_and_put(service: ServiceProcess) -> None:
     assert put.status_code == 200
     detail = job(service, "meta")
     assert (detail["family"], detail["kind"], detail["namespace"], detail["name"]) == (
-        "llama-70b", "PyTorchJob", "team-a", "run7",
-    )  # fmt: skip
+        "llama-70b",
+        "PyTorchJob",
+        "team-a",
+        "run7",
+    )
     assert httpx.put(f"{service.base_url}/v1/jobs/meta", json={"owner": "x"}).status_code == 422
 
 
@@ -321,3 +324,42 @@ def test_evidence_text_is_clean_of_colour_codes_and_nul(service: ServiceProcess)
     [diagnosis] = httpx.get(f"{service.base_url}/v1/jobs/clean/diagnoses").json()["diagnoses"]
     assert diagnosis["evidence"][0]["text"] == f"[74889.644138] {xid}"
     assert diagnosis["evidence"][0]["offset"] == 0
+
+
+def test_over_the_admission_limit_clients_are_told_to_retry(tmp_path: Path) -> None:
+    process = ServiceProcess(
+        env={
+            "DIAGNOSER_DATA_DIR": str(tmp_path),
+            "DIAGNOSER_INGEST__MAX_CONCURRENT_REQUESTS": "1",
+        }
+    )
+    process.start()
+
+    async def crowd() -> tuple[httpx.Response, httpx.Response]:
+        gate = asyncio.Event()
+
+        async def slow() -> AsyncIterator[bytes]:
+            yield b"first\n"
+            await gate.wait()
+
+        async with httpx.AsyncClient(timeout=30) as client:
+            holder = asyncio.create_task(
+                client.post(
+                    logs_url(process, "crowd"), params={"node": "a"}, content=slow(), headers=TEXT
+                )
+            )
+            await asyncio.sleep(0.3)
+            refused = await client.post(
+                logs_url(process, "crowd"), params={"node": "b"}, content=b"x\n", headers=TEXT
+            )
+            gate.set()
+            return await holder, refused
+
+    try:
+        held, refused = asyncio.run(crowd())
+        assert held.status_code == 200
+        assert refused.status_code == 429
+        assert refused.json()["error"] == "too_many_requests"
+        assert refused.headers["Retry-After"] == "1"
+    finally:
+        process.stop()
