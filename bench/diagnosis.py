@@ -59,7 +59,7 @@ from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 import httpx
-from procstat import cpu_seconds, free_port, machine_busy_seconds
+from processes import cpu_seconds, free_port, machine_busy_seconds, wait_for_health
 from rich.console import Console
 from rich.table import Table
 
@@ -161,16 +161,7 @@ def serve(profile: Path | None = None) -> Iterator[Server]:
         )
     server = Server(process.pid, port)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{server.base_url}/healthz", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("diagnoser serve not up after 60 s")
-            time.sleep(0.05)
+        wait_for_health(process, server.base_url, log, 60)
         yield server
     except BaseException:
         print(f"server log tail:\n{log.read_text(errors='replace')[-3000:]}", file=sys.stderr)

@@ -36,7 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from procstat import TICKS, cpu_seconds, free_port, machine_busy_ticks, rss_bytes
+from processes import (
+    TICKS,
+    cpu_seconds,
+    free_port,
+    machine_busy_ticks,
+    rss_bytes,
+    wait_for_health,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -137,16 +144,7 @@ def serve(max_concurrent: int, profile: Path | None) -> Iterator[Server]:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("bench server not up after 30 s")
-            time.sleep(0.05)
+        wait_for_health(process, base_url, log, 30)
         yield Server(process.pid, base_url)
     except BaseException:
         print(f"server log tail:\n{log.read_text()[-3000:]}", file=sys.stderr)

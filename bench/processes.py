@@ -1,10 +1,15 @@
-"""What the benchmarks read about processes and the machine, from /proc (Linux)."""
+"""The benchmarks' server processes: starting them, and what /proc says about them (Linux)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import subprocess
+import time
 from pathlib import Path
+
+import httpx
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -37,3 +42,19 @@ def machine_busy_ticks() -> int:
 
 def machine_busy_seconds() -> float:
     return machine_busy_ticks() / TICKS
+
+
+def wait_for_health(
+    process: subprocess.Popen[bytes], base_url: str, log: Path, timeout_s: float
+) -> None:
+    """Until `GET /healthz` answers 200; a server that exits first fails with its log tail."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text(errors='replace')[-2000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"server not up after {timeout_s:g} s")
+        time.sleep(0.05)
