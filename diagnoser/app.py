@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import anyio
 from fastapi import FastAPI
@@ -18,12 +19,50 @@ from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.ingest.admission import Admission
 from diagnoser.ingest.writer import StreamLocks, StreamWriter
-from diagnoser.observability import Metrics, MetricsMiddleware
+from diagnoser.observability import Metrics, MetricsMiddleware, PipelineCollector
 from diagnoser.pipeline import LineCounter, Pipeline
 from diagnoser.reload import RuleReloader
 from diagnoser.rules import RuleRegistry
 from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
 from diagnoser.store.migrate import head_revision, upgrade
+
+
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    """The pipeline's in-memory counters, as /metrics reads them (observability.PipelineCounts)."""
+
+    counter: LineCounter
+    writer: StreamWriter
+    stage: DiagnosisStage
+    flow: DiagnosisFlow
+
+    @property
+    def lines(self) -> int:
+        return self.counter.lines
+
+    @property
+    def truncated_lines(self) -> int:
+        return self.counter.truncated
+
+    @property
+    def committed_bytes(self) -> int:
+        return self.writer.totals.committed_bytes
+
+    @property
+    def duplicate_bytes(self) -> int:
+        return self.writer.totals.duplicate_bytes
+
+    @property
+    def rule_events(self) -> Mapping[str, int]:
+        return self.stage.events_by_rule
+
+    @property
+    def diagnosis_changes(self) -> Mapping[str, int]:
+        return self.flow.changes_by_action
+
+    @property
+    def jobs_tracked(self) -> int:
+        return len(self.stage.jobs)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -55,10 +94,20 @@ def create_app(settings: Settings) -> FastAPI:
         registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
         reloader = RuleReloader(registry)
         stage = DiagnosisStage(registry)
-        pipeline = Pipeline([LineCounter(), stage])
+        counter = LineCounter()
+        pipeline = Pipeline([counter, stage])
         hub = DiagnosisHub()
         metrics.diagnosis_watchers.set_function(lambda: hub.watchers)
         flow = DiagnosisFlow(sessions, stage, hub)
+        writer = StreamWriter(
+            sessions,
+            pipeline,
+            settings.ingest,
+            StreamLocks(),
+            after_commit=lambda key: flow.settle(key.job_id),
+        )
+        collector = PipelineCollector(_Counts(counter, writer, stage, flow))
+        metrics.registry.register(collector)
         app.state.resources = Resources(
             settings=settings,
             database=database,
@@ -68,13 +117,7 @@ def create_app(settings: Settings) -> FastAPI:
             metrics=metrics,
             schema_head=head_revision(),
             pipeline=pipeline,
-            writer=StreamWriter(
-                sessions,
-                pipeline,
-                settings.ingest,
-                StreamLocks(),
-                after_commit=lambda key: flow.settle(key.job_id),
-            ),
+            writer=writer,
             admission=Admission(settings.ingest.max_concurrent_requests),
             reloader=reloader,
             hub=hub,
@@ -88,6 +131,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             if redis is not None:
                 await redis.aclose()
+            metrics.registry.unregister(collector)
             await sessions.close()
 
     app = FastAPI(

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -34,6 +38,73 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class PipelineCounts(Protocol):
+    """What the pipeline counts in memory anyway; read only when Prometheus scrapes."""
+
+    @property
+    def lines(self) -> int: ...
+    @property
+    def truncated_lines(self) -> int: ...
+    @property
+    def committed_bytes(self) -> int: ...
+    @property
+    def duplicate_bytes(self) -> int: ...
+    @property
+    def rule_events(self) -> Mapping[str, int]: ...
+    @property
+    def diagnosis_changes(self) -> Mapping[str, int]: ...
+    @property
+    def jobs_tracked(self) -> int: ...
+
+
+class PipelineCollector(Collector):
+    """Exposes the pipeline's own counters at scrape time: nothing is counted twice per line."""
+
+    def __init__(self, counts: PipelineCounts) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.counts
+        for name, doc, value in (
+            ("diagnoser_ingest_lines", "Lines framed and handed to the stages.", counts.lines),
+            (
+                "diagnoser_ingest_truncated_lines",
+                "Lines cut at the length limit.",
+                counts.truncated_lines,
+            ),
+            (
+                "diagnoser_ingest_committed_bytes",
+                "Stream bytes committed (acknowledged).",
+                counts.committed_bytes,
+            ),
+            (
+                "diagnoser_ingest_duplicate_bytes",
+                "Resent bytes dropped as already committed.",
+                counts.duplicate_bytes,
+            ),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        events = CounterMetricFamily(
+            "diagnoser_rule_events", "Rule matches, repeats included.", labels=["rule"]
+        )
+        for rule, count in sorted(counts.rule_events.items()):
+            events.add_metric([rule], count)
+        yield events
+        changes = CounterMetricFamily(
+            "diagnoser_diagnosis_changes",
+            "Diagnoses created or changed, by the action they recommend.",
+            labels=["action"],
+        )
+        for action, count in sorted(counts.diagnosis_changes.items()):
+            changes.add_metric([action], count)
+        yield changes
+        yield GaugeMetricFamily(
+            "diagnoser_jobs_tracked",
+            "Jobs with live rule state in memory.",
+            value=counts.jobs_tracked,
+        )
 
 
 class MetricsMiddleware:

@@ -12,6 +12,7 @@ The LLM stage plugs in where marked: an inconclusive verdict is stored at once w
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from typing import Any
 
 from diagnoser.diagnosis.correlate import Source, Status, Verdict
@@ -68,6 +69,8 @@ class DiagnosisFlow:
         self.sessions = sessions
         self.stage = stage
         self.hub = hub
+        self.changes_by_action: Counter[str] = Counter()
+        """Diagnoses created or changed, by the action they then recommend."""
 
     async def settle(self, job_id: str) -> list[str]:
         """Persist the job's verdict if it changed; return the ids of diagnoses it touched."""
@@ -93,5 +96,6 @@ class DiagnosisFlow:
             await session.flush()
             await set_culprits(session, row.id, row.culprit_nodes)
             await queue_action(session, row)
+        self.changes_by_action[row.action] += 1
         self.hub.publish(DiagnosisView.model_validate(row))
         return [row.id]

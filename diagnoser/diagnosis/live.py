@@ -7,7 +7,7 @@ changed verdict into a stored diagnosis is the flow's job, after the lines are c
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -66,6 +66,8 @@ class DiagnosisStage:
         self.clock = clock
         self.max_jobs = max_jobs
         self.jobs: OrderedDict[str, JobState] = OrderedDict()
+        self.events_by_rule: Counter[str] = Counter()
+        """Every rule match, repeats included (bounded by the number of rules)."""
 
     def _job(self, job_id: str) -> JobState:
         state = self.jobs.get(job_id)
@@ -85,6 +87,7 @@ class DiagnosisStage:
         events = state.scanner.feed(key.node, key.rank, batch, self.clock())
         if events:
             state.add(events)
+            self.events_by_rule.update(event.rule_id for event in events)
 
     def progress(self, job_id: str) -> dict[str, int] | None:
         state = self.jobs.get(job_id)

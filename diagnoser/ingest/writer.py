@@ -51,6 +51,15 @@ class IdleTimeoutError(Exception):
 
 
 @dataclass(slots=True)
+class WriteTotals:
+    """Since the process started, for /metrics."""
+
+    committed_bytes: int = 0
+    duplicate_bytes: int = 0
+    commits: int = 0
+
+
+@dataclass(slots=True)
 class WriteOutcome:
     lines_accepted: int = 0
     duplicate_bytes: int = 0
@@ -90,6 +99,7 @@ class _Commits:
     stream_id: int
     committed: int
     outcome: WriteOutcome
+    totals: WriteTotals
     after_commit: AfterCommit | None = None
     lines: int = 0
     truncated: int = 0
@@ -111,6 +121,8 @@ class _Commits:
             raise StreamBusyError("the stream's offset moved under this request")
         self.outcome.lines_accepted += self.lines
         self.outcome.truncated_lines += self.truncated
+        self.totals.committed_bytes += offset - self.committed
+        self.totals.commits += 1
         self.outcome.next_offset = self.committed = offset
         self.lines = self.truncated = 0
         self.at = time.monotonic()
@@ -129,6 +141,7 @@ class StreamWriter:
     after_commit: AfterCommit | None = None
     known: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
     """Stream ids already created: a later request reads its offset in one statement."""
+    totals: WriteTotals = field(default_factory=WriteTotals)
 
     async def _open(self, key: StreamKey, job_metadata: dict[str, str]) -> StreamPosition:
         """Where the stream stands, read fresh: another replica may have written since."""
@@ -170,7 +183,9 @@ class StreamWriter:
             if offset is not None and offset > committed:
                 raise OffsetGapError(committed)
             outcome = WriteOutcome(next_offset=committed)
-            commits = _Commits(self.sessions, key, stream_id, committed, outcome, self.after_commit)
+            commits = _Commits(
+                self.sessions, key, stream_id, committed, outcome, self.totals, self.after_commit
+            )
             framer = Framer(committed, lines + 1, max_line_bytes=self.settings.max_line_bytes)
             skip = 0 if offset is None else committed - offset
             try:
@@ -179,6 +194,7 @@ class StreamWriter:
                     if skip:
                         dropped = min(skip, len(chunk))
                         outcome.duplicate_bytes += dropped
+                        self.totals.duplicate_bytes += dropped
                         skip -= dropped
                         chunk = chunk[dropped:]
                     if not chunk:

@@ -311,3 +311,30 @@ def test_the_cli_watches_diagnoses_live(service: ServiceProcess) -> None:
             assert "cordon_node_and_restart" in seen
         finally:
             watcher.terminate()
+
+
+def metric(service: ServiceProcess, sample: str) -> float:
+    for line in metrics(service).splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_count_lines_rule_events_and_diagnoses(service: ServiceProcess) -> None:
+    samples = (
+        "diagnoser_ingest_lines_total",
+        "diagnoser_ingest_committed_bytes_total",
+        'diagnoser_rule_events_total{rule="xid_fallen_off_bus"}',
+        'diagnoser_diagnosis_changes_total{action="cordon_node_and_restart"}',
+    )
+    before = [metric(service, s) for s in samples]
+    body = NOISE + XID79
+    send(service, "counted", "node-2", body)
+    after = [metric(service, s) for s in samples]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [
+        body.count("\n"),
+        len(body.encode()),
+        1,
+        1,
+    ]
+    assert metric(service, "diagnoser_jobs_tracked") >= 1
