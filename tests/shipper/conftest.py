@@ -1,9 +1,8 @@
-"""Servers for the shipper's tests: the contract server, and the real service once it has the
-log endpoint, each behind a `CuttingProxy` so that disconnects are real."""
+"""Servers for the shipper's tests: the contract server and the real service, each behind a
+`CuttingProxy` so that disconnects are real."""
 
 from __future__ import annotations
 
-import importlib.util
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,15 +58,9 @@ def contract_server() -> Iterator[LogServer]:
 
 @pytest.fixture(scope="module")
 def real_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    """`diagnoser serve` itself, once it has the log endpoint (diagnoser/api/logs.py)."""
-    if importlib.util.find_spec("diagnoser.api.logs") is None:
-        pytest.skip("the service has no log endpoint yet (diagnoser/api/logs.py)")
+    """`diagnoser serve` itself."""
     service = ServiceProcess(env={"DIAGNOSER_DATA_DIR": str(tmp_path_factory.mktemp("data"))})
     service.start()
-    probe = httpx.get(f"{service.base_url}/v1/jobs/probe/logs", params={"node": "n"})
-    if probe.status_code == 404 and "error" not in probe.json():
-        service.stop()
-        pytest.skip("the service does not mount the log endpoint yet")
     yield service
     service.stop()
 

@@ -12,20 +12,11 @@ from tests.servers import free_port, wait_until
 from tests.shipper.conftest import LogServer
 from tests.shipper.test_client import log_lines
 
-
-def ship_command() -> list[str]:
-    """`diagnoser ship` once the CLI registers it; until then the shipper's own entry point."""
-    from diagnoser.cli import app
-
-    if any(command.name == "ship" for command in app.registered_commands):
-        return [sys.executable, "-m", "diagnoser", "ship"]
-    return [sys.executable, "-m", "diagnoser.shipper"]
+SHIP = [sys.executable, "-m", "diagnoser", "ship"]
 
 
 def ship(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [*ship_command(), *args], input=stdin, capture_output=True, timeout=60, check=False
-    )
+    return subprocess.run([*SHIP, *args], input=stdin, capture_output=True, timeout=60, check=False)
 
 
 def one_error_line(result: subprocess.CompletedProcess[bytes]) -> str:
@@ -121,7 +112,7 @@ def test_follow_finishes_the_in_flight_request_on_sigterm(
     path = tmp_path / "train.log"
     path.write_bytes(b"")
     process = subprocess.Popen(
-        [*ship_command(), str(path), "--server", contract_server.url, "--job", job,
+        [*SHIP, str(path), "--server", contract_server.url, "--job", job,
          "--node", "n1", "--follow", "--max-request-seconds", "30"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
