@@ -46,6 +46,7 @@ from processes import (
 )
 from rich.console import Console
 from rich.table import Table
+from training_log import benign_line
 
 APP = Path(__file__).with_name("ingest_app.py")
 RESULTS = Path(__file__).with_name("results-ingest.md")
@@ -55,39 +56,6 @@ MIB = 1024 * 1024
 TARGET_LINES_PER_S = 300_000
 TARGET_FLOOR_RATIO = 2.0
 TARGET_IDLE_BYTES = 64 * 1024
-
-
-# --- the log lines ------------------------------------------------------------------------
-
-
-def _line(rng: random.Random, n: int) -> str:
-    """One line of a training job's output: mostly progress, then NCCL chatter and warnings."""
-    stamp = f"2024-05-01 {n // 3_600_000 % 24:02d}:{n // 60_000 % 60:02d}:{n // 1000 % 60:02d}"
-    kind = rng.random()
-    rank = rng.randrange(64)
-    if kind < 0.55:
-        return (
-            f"[{stamp},{n % 1000:03d}] [INFO] [logging.py:96:log_dist] [Rank {rank}] "
-            f"step={n} loss={rng.uniform(1.5, 3.0):.4f} lr={rng.uniform(1e-5, 3e-4):.3e} "
-            f"grad_norm={rng.uniform(0.1, 2.0):.3f} tokens/s={rng.randrange(80_000, 160_000)}"
-        )
-    if kind < 0.85:
-        peer = (rank + 1) % 64
-        return (
-            f"gpu-node-{rank // 8:03d}:{4000 + rank}:{4100 + rank} [{rank % 8}] NCCL INFO "
-            f"Channel {rng.randrange(32):02d}/32 : {rank}[{rank % 8}] -> {peer}[{peer % 8}] "
-            f"via P2P/IPC/read comm 0x{rng.getrandbits(32):08x} nRanks 64"
-        )
-    if kind < 0.95:
-        return (
-            f"[{stamp},{n % 1000:03d}] [WARNING] [stage3.py:1850:step] {rng.randrange(1, 9)} "
-            "pytorch allocator cache flushes since last step. this happens when there is high "
-            "memory pressure"
-        )
-    return (
-        f"/opt/conda/lib/python3.11/site-packages/torch/utils/data/dataloader.py:{rng.randrange(900)}"
-        f": UserWarning: This DataLoader will create {rng.randrange(8, 33)} worker processes"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +75,7 @@ def make_bodies(count: int, size: int, chunk: int, seed: int = 7) -> list[Body]:
         lines: list[str] = []
         length = 0
         while length < size:
-            line = _line(rng, n)
+            line = benign_line(rng, n)
             lines.append(line)
             length += len(line) + 1
             n += 1
@@ -385,7 +353,7 @@ class Idle:
 async def idle_streams(server: Server, target: Target, streams: int, wave: int) -> Idle:
     """Open `streams` uploads, `wave` at a time, send a few lines on each and hold them open;
     RSS delta / open uploads."""
-    small = b"".join(_line(random.Random(i), i).encode() + b"\n" for i in range(3))
+    small = b"".join(benign_line(random.Random(i), i).encode() + b"\n" for i in range(3))
     body = Body([small], len(small), 3)
     release = asyncio.Event()
     failures: list[str] = []
