@@ -188,3 +188,21 @@ class ServiceProcess:
             self.process.send_signal(sig)
             self.process.wait(15)
             self.process = None
+
+
+def run_diagnoser(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """`diagnoser ARGS...` as a user runs it: a child process, text output, no exception."""
+    return subprocess.run(
+        [sys.executable, "-m", "diagnoser", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=None if env is None else {**os.environ, **env},
+        cwd=cwd,
+    )

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 from diagnoser import __version__
-from tests.servers import PostgresServer, free_port
+from tests.servers import PostgresServer, free_port, run_diagnoser
 
 
 def diagnoser(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "diagnoser", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
+    return run_diagnoser(*args, env=env, timeout=60)
 
 
 def test_version() -> None:
@@ -91,7 +82,7 @@ def test_rules_check_names_the_file_rule_and_reason(tmp_path: Path) -> None:
     assert "memory.yaml" in result.stderr
     assert "rule 'cuda_oom': action: Input should be" in result.stderr
     serve = diagnoser(
-        "serve", "--data-dir", str(tmp_path / "d"), env=_env(DIAGNOSER_RULES_DIR=str(broken))
+        "serve", "--data-dir", str(tmp_path / "d"), env={"DIAGNOSER_RULES_DIR": str(broken)}
     )
     assert serve.returncode == 1
     assert "memory.yaml" in serve.stderr
@@ -111,12 +102,8 @@ def test_rules_test_shows_which_rule_fires_on_which_line(tmp_path: Path) -> None
     assert "1 event(s)" in result.stderr
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, **extra}
-
-
 def test_a_missing_rule_pack_says_where_to_point(tmp_path: Path) -> None:
-    env = _env(DIAGNOSER_RULES_DIR=str(tmp_path / "nowhere"))
+    env = {"DIAGNOSER_RULES_DIR": str(tmp_path / "nowhere")}
     result = diagnoser("serve", "--data-dir", str(tmp_path / "d"), env=env)
     assert result.returncode == 1
     assert "no rule pack at" in result.stderr

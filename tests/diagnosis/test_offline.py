@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.servers import run_diagnoser
 
 CONTRACT_KEYS = {
     "status", "category", "failure_type", "action", "culprit_nodes", "confidence", "source",
@@ -40,13 +41,7 @@ def write_job(directory: Path, *, xid_on: int | None) -> list[Path]:
 
 
 def diagnose(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "diagnoser", "diagnose", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_diagnoser("diagnose", *args)
 
 
 def test_the_node_with_the_hardware_error_is_the_culprit(tmp_path: Path) -> None:

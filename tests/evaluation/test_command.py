@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.servers import run_diagnoser
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def evaluate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "diagnoser.evaluation", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=ROOT,
-    )
+    return run_diagnoser("eval", *args, cwd=ROOT)
 
 
 def test_the_shipped_corpus_passes_its_floors_without_a_false_cordon() -> None:
