@@ -225,4 +225,6 @@ def _confidence(root: RuleEvent, events: Sequence[RuleEvent], inferred: bool) ->
         return 0.6
     corroborated = sum(1 for e in events if e.failure_type == root.failure_type) > 1
     base = 0.9 if root.severity in (Severity.CRITICAL, Severity.ERROR) else 0.7
+    if root.entities.get("headless"):
+        base -= 0.2  # an exception line without its traceback: the type is known, little else
     return min(0.99, base + (0.05 if corroborated else 0.0))

@@ -34,6 +34,9 @@ TRIGGERS: dict[Unit, tuple[str, ...]] = {
 }
 """Literal anchors that open a block, fed to the prefilter next to the rules' anchors."""
 
+HEADLESS_ANCHORS = ("Error: ", "Exception: ")
+"""Literal anchors of a traceback's last line seen without its header (see `headless_exception`)."""
+
 _PREFIX = regex.compile(
     r"^(?:\[(?:rank|[a-z]+)?\d+\]:[ ]?|\d{1,5}: |\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)[ ]?)"
 )
@@ -43,6 +46,8 @@ _EXCEPTION_LINE = regex.compile(
 )
 """`KeyError: 'x'`, `torch.OutOfMemoryError: ...`, and the lower-case classes some modules
 define (`socket.gaierror`, `socket.timeout`), which only count when qualified by a module."""
+_HEADLESS = regex.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S")
+"""Python's own spelling of an uncaught exception: the class at column 0, a colon, a message."""
 _RICH_FRAME = ("│", "╭", "╰")
 """Rich's boxed tracebacks (accelerate, transformers CLIs) draw frames inside a box."""
 _FIELD = regex.compile(r"^\s*(?P<key>\w+)\s*:\s*(?P<value>.*?)\s*$")
@@ -259,6 +264,37 @@ class NcclErrorAssembler(Assembler):
             line_no=self.line_no,
             evidence=self.preceding + tuple(self.lines),
         )
+
+
+def headless_exception(line: str, offset: int, line_no: int) -> Block | None:
+    """The last line of a traceback whose header never arrived, as a one-line traceback block.
+
+    Excerpts pasted into tickets, shippers that split or cut multi-line records and the line cap
+    all lose the `Traceback (most recent call last):` header; the exception line alone still says
+    what killed the process. Only Python's exact shape counts (`SomeError: message` at column 0),
+    never an exception named inside a sentence, which is how handled errors are usually logged.
+    The block carries `headless` so the verdict's confidence says the evidence is partial.
+    """
+    body = strip_prefix(line)
+    if not _HEADLESS.match(body):
+        return None
+    m = _EXCEPTION_LINE.match(body)
+    if m is None:
+        return None
+    entities = {
+        "exception": m["name"] or m["lower"],
+        "exception_qualname": m["qualname"],
+        "headless": "true",
+    }
+    return Block(
+        unit=Unit.TRACEBACK,
+        text=body,
+        lines=[line],
+        entities=entities,
+        offset=offset,
+        line_no=line_no,
+        evidence=(),
+    )
 
 
 _KINDS: dict[Unit, type[Assembler]] = {

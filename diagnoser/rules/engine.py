@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import regex
 
 from diagnoser.ingest.framing import LineBatch
-from diagnoser.rules.assembly import Assembler, Block, Verdict, open_block
+from diagnoser.rules.assembly import Assembler, Block, Verdict, headless_exception, open_block
 from diagnoser.rules.events import RuleEvent
 from diagnoser.rules.schema import EXCEPTION_TEMPLATE, Unit
 from diagnoser.rules.window import WindowState
@@ -138,6 +138,14 @@ class JobScanner:
             if closed is not None and verdict is Verdict.CLOSE_WITHOUT:
                 out.extend(self._block_events(closed, node, rank, now))
                 closed = None
+
+        if (
+            closed is None
+            and verdict not in (Verdict.CONTINUE, Verdict.CLOSE_WITH)
+            and mask & self.ruleset.headless_bit
+            and not mask & self.ruleset.trigger_mask
+        ):
+            closed = headless_exception(line, offset, line_no)
 
         events = self._line_events(mask, line, offset, line_no, node, rank, now)
         preceding: tuple[str, ...] = ()

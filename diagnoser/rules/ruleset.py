@@ -10,7 +10,7 @@ import regex
 
 from diagnoser.rules import anchors as anchor_derivation
 from diagnoser.rules import prefilter as prefilters
-from diagnoser.rules.assembly import TRIGGERS
+from diagnoser.rules.assembly import HEADLESS_ANCHORS, TRIGGERS
 from diagnoser.rules.problems import Problem, RuleLoadError
 from diagnoser.rules.schema import EXCEPTION_TEMPLATE, FAILURE_TYPES, Rule, RuleFile, Unit
 
@@ -23,7 +23,7 @@ DEFAULT_TIMEOUT = 0.05
 _EVENT_FIELDS = frozenset({"node", "rank"})
 _BLOCK_ENTITIES: dict[Unit, frozenset[str]] = {
     Unit.LINE: frozenset(),
-    Unit.TRACEBACK: frozenset({"exception", "exception_qualname", "last_frame"}),
+    Unit.TRACEBACK: frozenset({"exception", "exception_qualname", "last_frame", "headless"}),
     Unit.CHILD_FAILED: frozenset(
         {"host", "rank", "local_rank", "exitcode", "pid", "signal", "failed_at", "script"}
     ),
@@ -89,10 +89,12 @@ class RuleSet:
         }
         self.trigger_bits = {unit: 1 << (len(compiled) + i) for i, unit in enumerate(TRIGGERS)}
         self.trigger_mask = sum(self.trigger_bits.values())
+        self.headless_bit = 1 << (len(compiled) + len(TRIGGERS))
+        """Candidate bit of lines that may be a traceback's last line without its header."""
         self.prefilter = prefilters.build(self.anchors(), engine=prefilter)
 
     def anchors(self) -> list[prefilters.Anchor]:
-        """Every line rule's anchors plus the block triggers, each with its target bit."""
+        """Every line rule's anchors, the block triggers and the headless-exception anchors."""
         result = [
             prefilters.Anchor(literal, rule.caseless, 1 << rule.index)
             for rule in self.rules
@@ -103,6 +105,7 @@ class RuleSet:
             result.extend(
                 prefilters.Anchor(lit, False, self.trigger_bits[unit]) for lit in literals
             )
+        result.extend(prefilters.Anchor(lit, False, self.headless_bit) for lit in HEADLESS_ANCHORS)
         return result
 
     def job_scanner(self) -> JobScanner:

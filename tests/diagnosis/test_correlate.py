@@ -190,3 +190,20 @@ def test_contained_ecc_restarts_without_cordon(pack: RuleSet) -> None:
     assert verdict.action is Action.RESTART_JOB
     assert verdict.category is Category.HARDWARE
     assert verdict.culprit_nodes == ("node-0",)
+
+
+def test_a_headless_exception_is_diagnosed_with_less_confidence(pack: RuleSet) -> None:
+    frames = [
+        "Traceback (most recent call last):",
+        '  File "/workspace/train.py", line 171, in main',
+        '    label = sample["labels"]',
+    ]
+    whole = diagnose(pack, {"node-0": [*frames, "KeyError: 'labels'"]})
+    cut = diagnose(pack, {"node-0": ["KeyError: 'labels'"]})
+    assert (cut.status, cut.action, cut.failure_type) == (
+        whole.status,
+        whole.action,
+        whole.failure_type,
+    )
+    assert cut.culprit_nodes == ("node-0",)
+    assert cut.confidence < whole.confidence

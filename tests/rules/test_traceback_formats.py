@@ -44,3 +44,55 @@ def test_rich_boxed_tracebacks_are_assembled(pack: RuleSet) -> None:
     )
     assert [(e.failure_type, e.action.value) for e in events] == [("KeyError", "notify_user")]
     assert any("train.py:91" in line for line in events[0].evidence)
+
+
+def test_an_exception_line_whose_header_was_cut_off_still_classifies(pack: RuleSet) -> None:
+    events = scan_lines(
+        pack,
+        [
+            "│ ❱  88 │   │   p_mask = batch['attention_mask']                          │",
+            "╰──────────────────────────────────────────────────────────────────────────╯",
+            "KeyError: 'attention_mask'",
+        ],
+    )
+    assert [(e.failure_type, e.action.value) for e in events] == [("KeyError", "notify_user")]
+    assert events[0].entities["headless"] == "true"
+
+
+def test_a_headless_runtime_error_goes_to_the_specific_rule(pack: RuleSet) -> None:
+    events = scan_lines(
+        pack,
+        [
+            "output += torch.matmul(subA, state.subB)",
+            "RuntimeError: mat1 and mat2 shapes cannot be multiplied (511x2 and 3x4096)",
+        ],
+    )
+    assert [e.rule_id for e in events] == ["python_shape_mismatch"]
+
+
+def test_a_complete_traceback_yields_one_event_not_a_second_headless_one(pack: RuleSet) -> None:
+    events = scan_lines(
+        pack,
+        [
+            "Traceback (most recent call last):",
+            '  File "/workspace/train.py", line 171, in main',
+            '    label = sample["labels"]',
+            "KeyError: 'labels'",
+        ],
+    )
+    assert len(events) == 1
+    assert "headless" not in events[0].entities
+    assert any("train.py" in line for line in events[0].evidence)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[WARNING] skipped sample 17 after KeyError: 'labels'",
+        "    ValueError: raised inside a docstring or an indented report",
+        "wandb: ERROR Error: api key not configured (retrying)",
+        "Error: the server returned 503, retrying in 5 s",
+    ],
+)
+def test_exceptions_named_inside_other_text_are_not_failures(pack: RuleSet, line: str) -> None:
+    assert scan_lines(pack, [line]) == []
