@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -180,6 +181,24 @@ def diagnose(
         typer.Option("--node-map", help="FILE=NODE: name a file's node (repeatable)"),
     ] = None,
     rules_dir: RulesDirOption = None,
+    stalled_for: Annotated[
+        str | None,
+        typer.Option(
+            "--stalled-for",
+            help="The job is still running and its logs have not advanced for this long "
+            "(90s, 45m, 2h, or `mtime`: since the newest file was written); enables hang "
+            "diagnosis",
+            show_default=False,
+        ),
+    ] = None,
+    hang_timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--hang-timeout",
+            help="A stall at least this long is a hang [default: DIAGNOSER_HANG__TIMEOUT_S]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Diagnose log files in-process, no server: each file is one node's log."""
     from diagnoser.diagnosis.offline import diagnose as run_diagnosis
@@ -189,14 +208,23 @@ def diagnose(
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         raise fail(f"no such file: {', '.join(missing)}", 2)
+    settings = Settings()
+    stall: float | None = None
+    if stalled_for == "mtime":
+        stall = max(0.0, time.time() - max(path.stat().st_mtime for path in paths))
+    elif stalled_for is not None:
+        stall = _seconds(stalled_for, "--stalled-for")
+    timeout = _seconds(hang_timeout, "--hang-timeout") if hang_timeout else settings.hang.timeout_s
     mapping: dict[str, str] = {}
     for item in node_map or []:
         file_name, sep, node = item.partition("=")
         if not sep or not file_name or not node:
             raise fail(f"--node-map takes FILE=NODE, got {item!r}", 2)
         mapping[file_name] = node
-    ruleset = _load_rules(rules_dir or Settings().rules_dir)
-    result = run_diagnosis(node_logs(paths, mapping), ruleset)
+    ruleset = _load_rules(rules_dir or settings.rules_dir)
+    result = run_diagnosis(
+        node_logs(paths, mapping), ruleset, stalled_for=stall, hang_timeout=timeout
+    )
     if as_json:
         typer.echo(json.dumps(result.as_json(), ensure_ascii=False))
         return
@@ -204,6 +232,23 @@ def diagnose(
     if job:
         out.print(f"job [bold]{job}[/]")
     render(result, out)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _seconds(text: str, option: str) -> float:
+    """`90`, `90s`, `45m`, `2h`, `1d` -> seconds; anything else is a usage error."""
+    value = text.strip().lower()
+    scale = _UNITS.get(value[-1:], 0) if value else 0
+    number = value[:-1] if scale else value
+    try:
+        seconds = float(number) * (scale or 1)
+    except ValueError:
+        raise fail(f"{option} takes a duration like 90s, 45m or 2h, got {text!r}", 2) from None
+    if not 0 <= seconds < float("inf"):
+        raise fail(f"{option} takes a duration like 90s, 45m or 2h, got {text!r}", 2)
+    return seconds
 
 
 rules_app = typer.Typer(help="Validate and try the rule pack.", no_args_is_help=True)

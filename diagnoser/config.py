@@ -67,6 +67,16 @@ class ActionSettings(BaseModel):
     """Recovery actions are recorded but not executed until an operator is configured."""
 
 
+class HangSettings(BaseModel):
+    """No-progress ("hang") detection: see diagnoser/diagnosis/hang.py and docs/hangs.md."""
+
+    timeout_s: float = Field(default=1800.0, gt=0)
+    """A running job with no new step (or no line at all) for this long, and no error, is hung;
+    jobs whose own steps are slower get three times their slowest recent step interval."""
+    check_interval_s: float = Field(default=30.0, gt=0)
+    """How often the service looks for stalled jobs."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="DIAGNOSER_",
@@ -89,6 +99,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     auth: AuthSettings = AuthSettings()
     actions: ActionSettings = ActionSettings()
+    hang: HangSettings = HangSettings()
 
     @property
     def database_url(self) -> str:

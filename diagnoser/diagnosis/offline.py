@@ -2,20 +2,28 @@
 
 Each file is one node's log. Files carry no shared clock, so every event without a timestamp
 of its own is placed at time 0; correlation then orders by evidence class, not by time.
+
+Files do not say whether their job is still running either. `stalled_for` is the caller's
+observation that it is, and that the logs have not advanced for that many seconds (on a live
+job: now minus the files' modification time); only with it can a hang be diagnosed.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from diagnoser.diagnosis.correlate import Verdict, correlate
+from diagnoser.diagnosis.correlate import Status, Verdict, correlate
+from diagnoser.diagnosis.hang import DEFAULT_TIMEOUT_S, NodeTail, TailLine, finished, hang_verdict
+from diagnoser.diagnosis.progress import Progress
 from diagnoser.ingest.framing import Framer, LineBatch
 from diagnoser.rules import JobScanner, RuleEvent, RuleSet
 
 READ_BYTES = 256 * 1024
+TAIL_LINES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +88,51 @@ def frame_file(handle: BinaryIO) -> Iterator[LineBatch]:
         yield last
 
 
-def scan(logs: Sequence[NodeLog], ruleset: RuleSet) -> list[RuleEvent]:
+def scan(
+    logs: Sequence[NodeLog], ruleset: RuleSet, tails: list[NodeTail] | None = None
+) -> list[RuleEvent]:
+    """Rule events of every file; `tails`, when given, receives each file's last lines."""
     scanner = JobScanner(ruleset)
     events: list[RuleEvent] = []
     for log in logs:
+        last: deque[TailLine] = deque(maxlen=TAIL_LINES)
         with log.path.open("rb") as handle:
             for batch in frame_file(handle):
                 events.extend(scanner.feed(log.node, None, batch, 0.0))
+                start = max(0, len(batch.lines) - TAIL_LINES)
+                last.extend(
+                    TailLine(batch.lines[i], batch.first_line_no + i, batch.start_of(i))
+                    for i in range(start, len(batch.lines))
+                )
         events.extend(scanner.flush(log.node, None, 0.0))
+        if tails is not None:
+            tails.append(NodeTail(log.node, tuple(last)))
     return events
 
 
-def diagnose(logs: Sequence[NodeLog], ruleset: RuleSet) -> OfflineResult:
-    verdict = correlate(scan(logs, ruleset), ruleset, [log.node for log in logs])
+def diagnose(
+    logs: Sequence[NodeLog],
+    ruleset: RuleSet,
+    *,
+    stalled_for: float | None = None,
+    hang_timeout: float = DEFAULT_TIMEOUT_S,
+) -> OfflineResult:
+    tails: list[NodeTail] = []
+    verdict = correlate(scan(logs, ruleset, tails), ruleset, [log.node for log in logs])
+    if (
+        verdict.status is Status.HEALTHY
+        and stalled_for is not None
+        and stalled_for >= hang_timeout
+        and not finished(tails)
+    ):
+        verdict = hang_verdict(stalled_for, tails, _progress(logs))
     return OfflineResult(verdict, {log.node: log.path for log in logs})
+
+
+def _progress(logs: Sequence[NodeLog]) -> dict[str, int] | None:
+    progress = Progress()
+    for log in logs:
+        with log.path.open("rb") as handle:
+            for batch in frame_file(handle):
+                progress.observe(batch)
+    return progress.as_record()

@@ -24,7 +24,7 @@ def render(result: OfflineResult, console: Console) -> None:
     )
     if verdict.culprit_nodes:
         console.print(f"culprit node(s): [bold]{', '.join(verdict.culprit_nodes)}[/]")
-    console.print(f"rules: {', '.join(verdict.rule_ids)}")
+    console.print(f"rules: {', '.join(verdict.rule_ids) or 'none fired'}")
     table = Table("file", "line", "evidence", show_lines=False, expand=True)
     for row in result.evidence_rows(limit=12):
         table.add_row(row["file"], str(row["line_no"]), row["text"][:300])

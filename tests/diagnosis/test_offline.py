@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import time
 from pathlib import Path
 
 from tests.servers import run_diagnoser
@@ -106,3 +108,46 @@ def test_many_silent_nodes_are_not_blamed(tmp_path: Path) -> None:
         (tmp_path / f"node-{node}.log").write_text(NOISE)
     verdict = json.loads(diagnose(*map(str, paths), "--json").stdout)
     assert (verdict["action"], verdict["culprit_nodes"]) == ("restart_job", [])
+
+
+def test_stalled_for_turns_a_quiet_log_into_a_hang_with_the_same_json_keys(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "node-0.log"
+    log.write_text(NOISE)
+    quiet = json.loads(diagnose(str(log), "--json").stdout)
+    hung = json.loads(diagnose(str(log), "--json", "--stalled-for", "45m").stdout)
+    early = json.loads(
+        diagnose(str(log), "--json", "--stalled-for", "45m", "--hang-timeout", "1h").stdout
+    )
+    assert quiet["status"] == early["status"] == "healthy"
+    assert set(hung) == CONTRACT_KEYS
+    assert (hung["status"], hung["failure_type"], hung["action"]) == (
+        "inconclusive",
+        "hang",
+        "escalate",
+    )
+    assert hung["summary"].startswith("no progress for 45 min")
+    assert hung["evidence"][0]["line_no"] == 3
+
+
+def test_stalled_for_mtime_reads_the_files_age(tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    log.write_text(NOISE)
+    fresh = json.loads(diagnose(str(log), "--json", "--stalled-for", "mtime").stdout)
+    two_hours_ago = time.time() - 7200
+    os.utime(log, (two_hours_ago, two_hours_ago))
+    old = json.loads(diagnose(str(log), "--json", "--stalled-for", "mtime").stdout)
+    assert fresh["status"] == "healthy"
+    assert old["failure_type"] == "hang"
+    assert "no progress for 2 h" in old["summary"]
+
+
+def test_a_bad_duration_is_a_usage_error(tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    log.write_text(NOISE)
+    for bad in ("soon", "-5m", "nan"):
+        result = diagnose(str(log), "--stalled-for", bad)
+        assert result.returncode == 2, bad
+        assert "--stalled-for takes a duration" in result.stderr
+        assert "Traceback" not in result.stderr

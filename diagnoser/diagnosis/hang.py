@@ -1,0 +1,158 @@
+"""Hang detection: a running job that stopped making progress and printed no reason.
+
+No line says "hung": the evidence is time. A job is stalled when, for longer than its window, it
+wrote nothing at all, or kept writing (heartbeats, health checks, NCCL INFO) while its step
+counter stood still. The window is the configured timeout or a multiple of the job's own slowest
+recent step interval, whichever is longer, so a run that logs a step every 40 minutes is not
+called hung at 30.
+
+A stall is a hang only when nothing else explains it: a job whose logs hold a failure is
+diagnosed by that failure (which outranks the stall), and a job that finished (an `exited`
+event, or a completion line at the end of its log) is not running. A hang escalates: only the
+stacks of the stuck ranks (py-spy, the NCCL flight recorder) tell a deadlock from a slow
+filesystem, and no log line can. Nodes that went silent while the others kept writing are named
+as suspects, never cordoned.
+
+Pure: plain data in, plain data out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import regex
+
+from diagnoser.diagnosis.correlate import Source, Status, Verdict
+from diagnoser.rules import Action, Category, RuleEvent
+from diagnoser.rules.schema import Scope, Severity
+
+DEFAULT_TIMEOUT_S = 1800.0
+"""Thirty minutes: the collective timeout of older PyTorch releases; a hang inside a collective
+usually ends in a watchdog timeout before this, so what is left is a hang outside of one."""
+INTERVAL_FACTOR = 3.0
+RULE_ID = "no_progress"
+"""The evidence's rule id: not a rule of the pack, the detector itself."""
+
+COMPLETION = regex.compile(
+    r"(?i)\btraining (?:is )?(?:completed?|finished|done)\b|\bfinished training\b"
+    r"|['\"]?train_runtime['\"]?\s*[:=]|WorkerState\.SUCCEEDED|\bafter training is done\b"
+    r"|`Trainer\.fit` stopped"
+)
+"""How training loops say they are done: HF Trainer (`Training completed`, `train_runtime`),
+torchrun (`WorkerState.SUCCEEDED`), Megatron (`after training is done`), Lightning."""
+
+_PHASES: tuple[tuple[regex.Pattern[str], str], ...] = (
+    (
+        regex.compile(
+            r"(?i)init_distributed|Initializing TorchBackend|rendezvous|init_process_group"
+        ),
+        "during distributed initialisation",
+    ),
+    (regex.compile(r"NCCL INFO"), "while NCCL was setting up its communicators"),
+    (regex.compile(r"(?i)checkpoint"), "after a checkpoint save"),
+    (regex.compile(r"Running training|^\s*0%\|"), "before the first training step"),
+    (regex.compile(r"(?i)\btrain\w*\s+start"), "as a training step started"),
+)
+"""Where a hang stopped, read from its last lines: the first phrase that matches, newest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class TailLine:
+    text: str
+    line_no: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTail:
+    """The last lines one node wrote, and when (epoch seconds; 0 when unknown)."""
+
+    node: str
+    lines: Sequence[TailLine]
+    last_at: float = 0.0
+
+
+def window(timeout_s: float, step_intervals: Iterable[float]) -> float:
+    """The stall that counts as a hang for this job: the timeout, or 3x its slowest step."""
+    return max(timeout_s, INTERVAL_FACTOR * max(step_intervals, default=0.0))
+
+
+def finished(tails: Iterable[NodeTail]) -> bool:
+    """A completion line among any node's last lines: the job ended, it did not hang."""
+    return any(COMPLETION.search(line.text) for tail in tails for line in tail.lines)
+
+
+def stopped_at(tails: Sequence[NodeTail], last_step: int | None) -> str:
+    """A phrase for where the job stopped, for the summary an on-call engineer reads first."""
+    for tail in tails:
+        for line in reversed(tail.lines):
+            for pattern, phrase in _PHASES:
+                if pattern.search(line.text):
+                    return phrase
+    if last_step is not None:
+        return f"after step {last_step}"
+    return "after its last line"
+
+
+def hang_verdict(
+    stalled_for: float,
+    tails: Sequence[NodeTail],
+    progress: Mapping[str, int] | None = None,
+    silent_nodes: Sequence[str] = (),
+) -> Verdict:
+    """The escalation for a job stalled `stalled_for` seconds with no failure in its logs."""
+    last_step = (progress or {}).get("last_step")
+    evidence = tuple(
+        RuleEvent(
+            rule_id=RULE_ID,
+            failure_type="hang",
+            category=Category.FRAMEWORK,
+            action=Action.ESCALATE,
+            severity=Severity.ERROR,
+            scope=Scope.JOB,
+            entities={"stalled_for_s": str(int(stalled_for))},
+            text=tail.lines[-1].text,
+            offset=tail.lines[-1].offset,
+            line_no=tail.lines[-1].line_no,
+            node=tail.node,
+            rank=None,
+            time=tail.last_at,
+            evidence=tuple(line.text for line in tail.lines[:-1]),
+        )
+        for tail in sorted(tails, key=lambda t: (t.node not in silent_nodes, t.last_at))
+        if tail.lines
+    )
+    summary = f"no progress for {_duration(stalled_for)} {stopped_at(tails, last_step)}"
+    if silent_nodes:
+        summary += f"; {', '.join(silent_nodes)} went silent first"
+    summary += ", and no error line: a hang. Dump the stuck ranks' stacks (py-spy dump)."
+    return Verdict(
+        status=Status.INCONCLUSIVE,
+        action=Action.ESCALATE,
+        failure_type="hang",
+        category=Category.FRAMEWORK,
+        culprit_nodes=tuple(silent_nodes),
+        confidence=0.3,
+        source=Source.CORRELATION,
+        summary=summary,
+        root=evidence[0] if evidence else None,
+        evidence=evidence,
+    )
+
+
+def silent_nodes(tails: Sequence[NodeTail], now: float, window_s: float) -> tuple[str, ...]:
+    """Nodes quiet for the whole window while at least two others kept writing (at most a
+    quarter of the job): the likely stuck ones, as in correlation's silent-node suspicion."""
+    quiet = [t.node for t in tails if now - t.last_at >= window_s]
+    talking = len(tails) - len(quiet)
+    if quiet and talking >= 2 and len(quiet) * 4 <= len(tails):
+        return tuple(sorted(quiet))
+    return ()
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    if minutes < 120:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
