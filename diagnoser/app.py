@@ -121,11 +121,15 @@ def create_app(settings: Settings) -> FastAPI:
             admission=Admission(settings.ingest.max_concurrent_requests),
             reloader=reloader,
             hub=hub,
+            stage=stage,
         )
         try:
             async with anyio.create_task_group() as background:
                 if settings.rules_watch:
                     background.start_soon(reloader.watch)
+                background.start_soon(
+                    flow.watch_stalls, settings.hang.timeout_s, settings.hang.check_interval_s
+                )
                 yield
                 background.cancel_scope.cancel()
         finally:

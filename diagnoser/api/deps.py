@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from diagnoser.config import Settings
 from diagnoser.diagnosis.hub import DiagnosisHub
+from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.ingest.admission import Admission
 from diagnoser.ingest.writer import StreamWriter
 from diagnoser.observability import Metrics
@@ -33,6 +34,8 @@ class Resources:
     admission: Admission
     reloader: RuleReloader
     hub: DiagnosisHub
+    stage: DiagnosisStage
+    """Live per-job diagnosis state; lifecycle events (an exit) are told to it."""
 
 
 def get_resources(request: Request) -> Resources:

@@ -127,4 +127,6 @@ async def post_event(job_id: JobId, event: JobEventIn, resources: ResourcesDep) 
         session.add(row)
         await session.flush()
         await session.refresh(row)
-        return row
+    if row.type != JobEventType.HEARTBEAT.value:
+        resources.stage.lifecycle(job_id, running=row.type == JobEventType.STARTED.value)
+    return row

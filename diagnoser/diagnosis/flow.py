@@ -5,15 +5,22 @@ transaction, the job's open diagnosis (created, or updated as later evidence arr
 error after the timeouts upgrades a restart to a cordon) plus its outbox action; watchers are
 told after the commit.
 
+The hang detector (`watch_stalls`) is the other producer: a job that stopped without a reason
+gets its hang diagnosis through the same store-and-outbox step, and progress resuming later
+resolves it.
+
 The LLM stage plugs in where marked: an inconclusive verdict is stored at once with action
 `escalate` and would be handed to a bounded queue for the LLM, never awaited here.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import Counter
 from typing import Any
+
+import anyio
 
 from diagnoser.diagnosis.correlate import Source, Status, Verdict
 from diagnoser.diagnosis.hub import DiagnosisHub
@@ -23,6 +30,8 @@ from diagnoser.rules import RuleEvent
 from diagnoser.store.database import Sessions
 from diagnoser.store.diagnoses import active_for_job, queue_action, set_culprits
 from diagnoser.store.models import DiagnosisRow, utcnow
+
+logger = logging.getLogger(__name__)
 
 MAX_EVIDENCE = 50
 CONTEXT_LINES = 5
@@ -74,13 +83,35 @@ class DiagnosisFlow:
 
     async def settle(self, job_id: str) -> list[str]:
         """Persist the job's verdict if it changed; return the ids of diagnoses it touched."""
+        touched = []
+        if self.stage.take_resumed(job_id):
+            touched.extend(await self._resolve_hang(job_id))
         changed = self.stage.changed_verdict(job_id)
         if changed is None:
-            return []
+            return touched
         verdict, ruleset = changed
         if verdict.status is Status.HEALTHY:
-            return []
+            return touched
         # LLM seam: Status.INCONCLUSIVE verdicts go to the LLM stage's queue here.
+        return [*touched, await self._store(job_id, verdict, ruleset.digest)]
+
+    async def report_stalls(self, timeout_s: float) -> list[str]:
+        """Store a hang diagnosis for every job stalled past its window (see diagnosis/hang.py)."""
+        return [
+            await self._store(job_id, verdict, ruleset.digest)
+            for job_id, verdict, ruleset in self.stage.stalled(timeout_s)
+        ]
+
+    async def watch_stalls(self, timeout_s: float, interval_s: float) -> None:
+        """The service's hang detector: look for stalled jobs every `interval_s`, forever."""
+        while True:
+            await anyio.sleep(interval_s)
+            try:
+                await self.report_stalls(timeout_s)
+            except Exception:  # the detector outlives a database blip; the next round retries
+                logger.exception("hang check failed")
+
+    async def _store(self, job_id: str, verdict: Verdict, digest: str) -> str:
         async with self.sessions.begin() as session:
             row = await active_for_job(session, job_id)
             if row is None:
@@ -91,11 +122,26 @@ class DiagnosisFlow:
                     created_at=utcnow(),
                 )
                 session.add(row)
-            apply(row, verdict, ruleset.digest)
+            apply(row, verdict, digest)
             row.progress = self.stage.progress(job_id)
             await session.flush()
             await set_culprits(session, row.id, row.culprit_nodes)
             await queue_action(session, row)
         self.changes_by_action[row.action] += 1
+        self.hub.publish(DiagnosisView.model_validate(row))
+        return row.id
+
+    async def _resolve_hang(self, job_id: str) -> list[str]:
+        """A job reported hung made progress again: its hang diagnosis is resolved, with why."""
+        async with self.sessions.begin() as session:
+            row = await active_for_job(session, job_id)
+            if row is None or row.failure_type != "hang" or row.source == Source.HUMAN:
+                return []
+            row.status = DiagnosisStatus.RESOLVED.value
+            row.progress = self.stage.progress(job_id)
+            step = (row.progress or {}).get("last_step")
+            row.summary += f" Resolved: progress resumed{f' (step {step})' if step else ''}."
+            row.updated_at = utcnow()
+            await session.flush()
         self.hub.publish(DiagnosisView.model_validate(row))
         return [row.id]

@@ -1,0 +1,119 @@
+"""The hang detector in the running service: a job that stops without a reason is escalated.
+
+A real uvicorn server with a 2-second hang window (checked every 0.2 s), on SQLite and
+PostgreSQL. Waiting is polling, bounded by a deadline: nothing here asserts a duration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import backend_env, run_service
+from tests.servers import ServiceProcess
+
+WINDOW_S = 2.0
+TEXT = {"Content-Type": "text/plain"}
+
+
+def steps(first: int, last: int) -> str:
+    return "".join(
+        f" iteration {i:>6}/  500000 | consumed samples: {i * 128:>10} | lm loss: 2.41E+00 |\n"
+        for i in range(first, last + 1)
+    )
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    env = backend_env(request, tmp_path_factory.mktemp("data"))
+    env["DIAGNOSER_HANG__TIMEOUT_S"] = str(WINDOW_S)
+    env["DIAGNOSER_HANG__CHECK_INTERVAL_S"] = "0.2"
+    yield from run_service(env)
+
+
+def send(service: ServiceProcess, job: str, node: str, text: str) -> None:
+    response = httpx.post(
+        f"{service.base_url}/v1/jobs/{job}/logs",
+        params={"node": node},
+        content=text.encode(),
+        headers=TEXT,
+    )
+    assert response.status_code == 200, response.text
+
+
+def job_diagnoses(service: ServiceProcess, job: str) -> list[dict[str, object]]:
+    body = httpx.get(f"{service.base_url}/v1/jobs/{job}/diagnoses").json()
+    items: list[dict[str, object]] = body["diagnoses"]
+    return items
+
+
+def wait_for(
+    probe: Callable[[], list[dict[str, object]]], ready: Callable[[list[dict[str, object]]], bool]
+) -> list[dict[str, object]]:
+    deadline = time.monotonic() + 30
+    while True:
+        found = probe()
+        if ready(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_a_stalled_job_is_escalated_as_a_hang_then_resolved_when_it_resumes(
+    service: ServiceProcess,
+) -> None:
+    for node in ("node-0", "node-1"):
+        send(service, "stuck", node, steps(1, 20))
+    send(service, "stuck", "node-0", "[2024-06-26 04:16:12] Saving model checkpoint to step 20\n")
+    found = wait_for(lambda: job_diagnoses(service, "stuck"), bool)
+    assert len(found) == 1
+    hang = found[0]
+    assert (hang["failure_type"], hang["action"], hang["category"], hang["status"]) == (
+        "hang",
+        "escalate",
+        "framework",
+        "open",
+    )
+    assert hang["culprit_nodes"] == []
+    assert "after a checkpoint save" in str(hang["summary"])
+    evidence = hang["evidence"]
+    assert isinstance(evidence, list)
+    assert {e["node"] for e in evidence} == {"node-0", "node-1"}
+
+    send(service, "stuck", "node-0", steps(21, 22))
+    resolved = wait_for(
+        lambda: job_diagnoses(service, "stuck"), lambda d: d[0]["status"] == "resolved"
+    )
+    assert resolved[0]["id"] == hang["id"]
+    assert resolved[0]["status"] == "resolved"
+    assert "progress resumed (step 22)" in str(resolved[0]["summary"])
+
+
+def test_a_job_that_reported_its_exit_is_not_hung(service: ServiceProcess) -> None:
+    send(service, "done", "node-0", steps(1, 5))
+    response = httpx.post(
+        f"{service.base_url}/v1/jobs/done/events", json={"type": "exited", "exit_code": 0}
+    )
+    assert response.status_code == 201
+    send(service, "finished", "node-0", steps(1, 5) + "***** Training completed *****\n")
+    send(service, "control", "node-0", steps(1, 5))
+    wait_for(lambda: job_diagnoses(service, "control"), bool)
+    assert job_diagnoses(service, "done") == []
+    assert job_diagnoses(service, "finished") == []
+
+
+def test_a_failure_is_diagnosed_as_itself_not_as_a_hang(service: ServiceProcess) -> None:
+    send(
+        service,
+        "oom",
+        "node-0",
+        steps(1, 3) + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n",
+    )
+    send(service, "oom-control", "node-0", steps(1, 3))
+    wait_for(lambda: job_diagnoses(service, "oom-control"), bool)
+    found = job_diagnoses(service, "oom")
+    assert [(d["failure_type"], d["action"]) for d in found] == [("cuda_oom", "notify_user")]
