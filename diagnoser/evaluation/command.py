@@ -38,13 +38,22 @@ def evaluate(
         Path | None,
         typer.Option("--rules-dir", help="Rule pack directory [env DIAGNOSER_RULES_DIR]"),
     ] = None,
+    stalls: Annotated[
+        bool,
+        typer.Option(
+            "--stalls/--no-stalls",
+            help="Give the hang check the stalls the threads report (`observed:` in case.yaml); "
+            "--no-stalls scores the log text alone.",
+        ),
+    ] = True,
 ) -> None:
     """Score the rules + correlation pipeline on a labelled corpus of failure logs."""
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         cases = load_corpus(directory)
         floors = load_floors(directory / FLOORS_FILE)
-        ruleset = load_dir(rules_dir or Settings().rules_dir)
+        settings = Settings()
+        ruleset = load_dir(rules_dir or settings.rules_dir)
     except CorpusError as exc:
         for problem in exc.problems:
             err.print(f"[bold red]error:[/] {escape(problem)}")
@@ -52,7 +61,8 @@ def evaluate(
     except RuleLoadError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from exc
-    summary = summarise(run(cases, rules_diagnoser(ruleset), repeat))
+    diagnoser = rules_diagnoser(ruleset, hang_timeout=settings.hang.timeout_s, stalls=stalls)
+    summary = summarise(run(cases, diagnoser, repeat))
     failures = gate(summary, floors)
     if as_json_output:
         typer.echo(json.dumps(as_json(summary, failures), ensure_ascii=False))

@@ -34,6 +34,10 @@ class Case:
     note: str
     logs: tuple[Path, ...]
     """One file per node, sorted by name; the file stem is the node name."""
+    stalled: bool = False
+    """The thread says the job was still running, without progress, when the log was taken."""
+    stalled_for: float | None = None
+    """For how long, in seconds, when the thread says; see `observed` in evals/README.md."""
 
 
 class CorpusError(Exception):
@@ -56,12 +60,26 @@ class _Expected(_Strict):
     culprit_nodes: tuple[str, ...] = ()
 
 
+class _Observed(_Strict):
+    """What the thread says about the job beyond its log: that it was stuck, and for how long.
+
+    `stalled_for_s` is the duration the thread states; `null` when it states a stall but no
+    duration, which the harness scores at the hang window (the moment a live service would
+    decide). `quote` is the thread's own words, so the observation can be checked.
+    """
+
+    stalled: bool
+    stalled_for_s: Annotated[float, Field(ge=0)] | None = None
+    quote: Annotated[str, Field(min_length=1)]
+
+
 class _CaseFile(_Strict):
     id: Annotated[str, Field(min_length=1)]
     cls: Annotated[str, Field(alias="class", min_length=1)]
     source: str | tuple[str, ...]
     tags: tuple[str, ...] = ()
     expected: _Expected
+    observed: _Observed | None = None
     note: str = ""
 
 
@@ -120,6 +138,7 @@ def _read_case(directory: Path) -> tuple[Case | None, list[str]]:
     if problems:
         return None, problems
     expected = spec.expected
+    observed = spec.observed
     case = Case(
         id=spec.id,
         cls=spec.cls,
@@ -134,6 +153,8 @@ def _read_case(directory: Path) -> tuple[Case | None, list[str]]:
         ),
         note=spec.note.strip(),
         logs=logs,
+        stalled=observed is not None and observed.stalled,
+        stalled_for=observed.stalled_for_s if observed is not None else None,
     )
     return case, []
 

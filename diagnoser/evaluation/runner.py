@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from diagnoser.diagnosis.correlate import Verdict
+from diagnoser.diagnosis.hang import DEFAULT_TIMEOUT_S
 from diagnoser.diagnosis.offline import diagnose, node_logs
 from diagnoser.evaluation.corpus import Case
 from diagnoser.evaluation.scoring import Labels, Record
@@ -28,11 +29,26 @@ def labels(verdict: Verdict) -> Labels:
     )
 
 
-def rules_diagnoser(ruleset: RuleSet) -> Diagnoser:
-    """The offline pipeline (`diagnoser diagnose`): rules, then job-level correlation."""
+def stall_of(case: Case, hang_timeout: float) -> float | None:
+    """The stall the case was observed in: the thread's duration, or, when it states a stall
+    without one, the hang window itself (the moment a live service decides)."""
+    if not case.stalled:
+        return None
+    return case.stalled_for if case.stalled_for is not None else hang_timeout
+
+
+def rules_diagnoser(
+    ruleset: RuleSet, *, hang_timeout: float = DEFAULT_TIMEOUT_S, stalls: bool = True
+) -> Diagnoser:
+    """The offline pipeline (`diagnoser diagnose`): rules, job-level correlation, and the hang
+    check for cases observed stalled (`stalls=False` scores the log text alone)."""
 
     def run(case: Case) -> Labels:
-        return labels(diagnose(node_logs(list(case.logs)), ruleset).verdict)
+        stalled_for = stall_of(case, hang_timeout) if stalls else None
+        result = diagnose(
+            node_logs(list(case.logs)), ruleset, stalled_for=stalled_for, hang_timeout=hang_timeout
+        )
+        return labels(result.verdict)
 
     return run
 

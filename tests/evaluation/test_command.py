@@ -61,3 +61,13 @@ def test_a_floor_above_reach_fails_the_gate(tmp_path: Path) -> None:
     result = evaluate(str(tmp_path), "--json")
     assert result.returncode == 1
     assert "action_accuracy" in json.loads(result.stdout)["failures"][0]
+
+
+def test_without_the_reported_stalls_the_hangs_are_missed_and_nothing_else_changes() -> None:
+    with_stalls = json.loads(evaluate("evals/", "--json").stdout)
+    text_only = json.loads(evaluate("evals/", "--json", "--no-stalls").stdout)
+    assert with_stalls["classes"]["hang"]["action_accuracy"]["mean"] == 1.0
+    assert text_only["classes"]["hang"]["action_accuracy"]["mean"] == 0.0
+    for name, row in with_stalls["classes"].items():
+        if name != "hang":
+            assert row == text_only["classes"][name], name

@@ -110,3 +110,24 @@ def test_floors(tmp_path: Path) -> None:
     path.write_text("action: 1.5\n")
     with pytest.raises(CorpusError, match="action: Input should be less than or equal to 1"):
         load_floors(path)
+
+
+def test_an_observed_stall_is_read_with_its_quote(tmp_path: Path) -> None:
+    folder = write_case(tmp_path, "hang-1")
+    text = (folder / "case.yaml").read_text()
+    observed = (
+        "observed:\n  stalled: true\n  stalled_for_s: 3600\n  quote: 'hangs (1 hour already)'\n"
+    )
+    (folder / "case.yaml").write_text(text.replace("note: >", observed + "note: >"))
+    (case,) = load_corpus(tmp_path)
+    assert (case.stalled, case.stalled_for) == (True, 3600)
+
+
+def test_an_observed_stall_without_a_quote_is_refused(tmp_path: Path) -> None:
+    folder = write_case(tmp_path, "hang-1")
+    text = (folder / "case.yaml").read_text()
+    observed = "observed:\n  stalled: true\n  stalled_for_s: null\n"
+    (folder / "case.yaml").write_text(text.replace("note: >", observed + "note: >"))
+    with pytest.raises(CorpusError) as caught:
+        load_corpus(tmp_path)
+    assert any("observed.quote" in p for p in caught.value.problems)
