@@ -21,6 +21,8 @@ from diagnoser.rules import JobScanner, RuleEvent, RuleRegistry, RuleSet
 MAX_EVENTS_PER_JOB = 2000
 MAX_JOBS = 10_000
 TAIL_LINES = 5
+TAIL_LINE_CHARS = 2048
+"""Tail lines kept for hang evidence are cut here: 10,000 jobs x nodes x 5 stays bounded."""
 STEP_INTERVALS = 16
 
 
@@ -122,7 +124,8 @@ class DiagnosisStage:
             tail = state.tails[node] = deque(maxlen=TAIL_LINES)
         lines = batch.lines
         for i in range(max(0, len(lines) - TAIL_LINES), len(lines)):
-            tail.append(hang.TailLine(lines[i], batch.first_line_no + i, batch.start_of(i)))
+            text = lines[i][:TAIL_LINE_CHARS]
+            tail.append(hang.TailLine(text, batch.first_line_no + i, batch.start_of(i)))
         if state.hung and (state.last_step_at == now or state.progress.last_step is None):
             # Steps advance again (or, for a job that never reported steps, lines flow again).
             state.hung = False
