@@ -46,7 +46,10 @@ _EXCEPTION_LINE = regex.compile(
 )
 """`KeyError: 'x'`, `torch.OutOfMemoryError: ...`, and the lower-case classes some modules
 define (`socket.gaierror`, `socket.timeout`), which only count when qualified by a module."""
-_HEADLESS = regex.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): \S")
+_HEADLESS = regex.compile(
+    r"^(?:(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|Exception)|(?:[A-Za-z_]\w*\.)+Error)"
+    r": \S"
+)
 """Python's own spelling of an uncaught exception: the class at column 0, a colon, a message."""
 _RICH_FRAME = ("│", "╭", "╰")
 """Rich's boxed tracebacks (accelerate, transformers CLIs) draw frames inside a box."""

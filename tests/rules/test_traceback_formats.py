@@ -70,6 +70,20 @@ def test_a_headless_runtime_error_goes_to_the_specific_rule(pack: RuleSet) -> No
     assert [e.rule_id for e in events] == ["python_shape_mismatch"]
 
 
+@pytest.mark.parametrize(
+    ("line", "failure_type", "action"),
+    [
+        ("[rank3]: ValueError: tokenizer has no pad token", "ValueError", "notify_user"),
+        ("Exception: evaluation dataset is empty", "Exception", "escalate"),
+        ("shutil.Error: [('a.bin', 'b.bin', 'No space')]", "Error", "escalate"),
+    ],
+)
+def test_headless_spellings(pack: RuleSet, line: str, failure_type: str, action: str) -> None:
+    assert [(e.failure_type, e.action.value) for e in scan_lines(pack, [line])] == [
+        (failure_type, action)
+    ]
+
+
 def test_a_complete_traceback_yields_one_event_not_a_second_headless_one(pack: RuleSet) -> None:
     events = scan_lines(
         pack,
