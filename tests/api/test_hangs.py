@@ -117,3 +117,26 @@ def test_a_failure_is_diagnosed_as_itself_not_as_a_hang(service: ServiceProcess)
     wait_for(lambda: job_diagnoses(service, "oom-control"), bool)
     found = job_diagnoses(service, "oom")
     assert [(d["failure_type"], d["action"]) for d in found] == [("cuda_oom", "notify_user")]
+
+
+def test_an_error_after_the_hang_turns_the_same_diagnosis_into_that_failure(
+    service: ServiceProcess,
+) -> None:
+    send(service, "late-timeout", "node-0", steps(1, 10))
+    hang = wait_for(lambda: job_diagnoses(service, "late-timeout"), bool)[0]
+    assert hang["failure_type"] == "hang"
+    send(
+        service,
+        "late-timeout",
+        "node-0",
+        "[rank0]:[E816 01:45:40.183009389 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=80078, OpType=ALLREDUCE, NumelIn=5056, "
+        "NumelOut=5056, Timeout(ms)=600000) ran for 600026 milliseconds before timing out.\n",
+    )
+    found = wait_for(
+        lambda: job_diagnoses(service, "late-timeout"),
+        lambda d: d[0]["failure_type"] != "hang",
+    )
+    assert [(d["id"], d["failure_type"], d["action"]) for d in found] == [
+        (hang["id"], "nccl_timeout", "restart_job")
+    ]
