@@ -61,6 +61,10 @@ class _Counts:
         return self.flow.changes_by_action
 
     @property
+    def hangs(self) -> Mapping[str, int]:
+        return self.flow.hangs
+
+    @property
     def jobs_tracked(self) -> int:
         return len(self.stage.jobs)
 

@@ -56,6 +56,8 @@ class PipelineCounts(Protocol):
     @property
     def diagnosis_changes(self) -> Mapping[str, int]: ...
     @property
+    def hangs(self) -> Mapping[str, int]: ...
+    @property
     def jobs_tracked(self) -> int: ...
 
 
@@ -100,6 +102,14 @@ class PipelineCollector(Collector):
         for action, count in sorted(counts.diagnosis_changes.items()):
             changes.add_metric([action], count)
         yield changes
+        hangs = CounterMetricFamily(
+            "diagnoser_hangs",
+            "Jobs the hang detector reported, and hangs resolved by progress resuming.",
+            labels=["outcome"],
+        )
+        for outcome in ("reported", "resolved"):
+            hangs.add_metric([outcome], counts.hangs.get(outcome, 0))
+        yield hangs
         yield GaugeMetricFamily(
             "diagnoser_jobs_tracked",
             "Jobs with live rule state in memory.",

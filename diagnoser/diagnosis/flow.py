@@ -80,6 +80,8 @@ class DiagnosisFlow:
         self.hub = hub
         self.changes_by_action: Counter[str] = Counter()
         """Diagnoses created or changed, by the action they then recommend."""
+        self.hangs: Counter[str] = Counter()
+        """Hangs `reported` by the detector and `resolved` by progress resuming."""
 
     async def settle(self, job_id: str) -> list[str]:
         """Persist the job's verdict if it changed; return the ids of diagnoses it touched."""
@@ -97,10 +99,12 @@ class DiagnosisFlow:
 
     async def report_stalls(self, timeout_s: float) -> list[str]:
         """Store a hang diagnosis for every job stalled past its window (see diagnosis/hang.py)."""
-        return [
+        stored = [
             await self._store(job_id, verdict, ruleset.digest)
             for job_id, verdict, ruleset in self.stage.stalled(timeout_s)
         ]
+        self.hangs["reported"] += len(stored)
+        return stored
 
     async def watch_stalls(self, timeout_s: float, interval_s: float) -> None:
         """The service's hang detector: look for stalled jobs every `interval_s`, forever."""
@@ -143,5 +147,6 @@ class DiagnosisFlow:
             row.summary += f" Resolved: progress resumed{f' (step {step})' if step else ''}."
             row.updated_at = utcnow()
             await session.flush()
+        self.hangs["resolved"] += 1
         self.hub.publish(DiagnosisView.model_validate(row))
         return [row.id]

@@ -91,6 +91,9 @@ def test_a_stalled_job_is_escalated_as_a_hang_then_resolved_when_it_resumes(
     assert resolved[0]["id"] == hang["id"]
     assert resolved[0]["status"] == "resolved"
     assert "progress resumed (step 22)" in str(resolved[0]["summary"])
+    metrics = httpx.get(f"{service.base_url}/metrics").text
+    assert 'diagnoser_hangs_total{outcome="resolved"} 1.0' in metrics
+    assert 'diagnoser_hangs_total{outcome="reported"}' in metrics
 
 
 def test_a_job_that_reported_its_exit_is_not_hung(service: ServiceProcess) -> None:
