@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from diagnoser import __version__
@@ -312,4 +313,12 @@ def main() -> None:
     app.command("ship")(ship)
     app.command("eval")(evaluate)
     app.add_typer(diagnoses_app, name="diagnoses")
-    app()
+    try:
+        app()
+    except ValidationError as exc:
+        if exc.title != Settings.__name__:
+            raise
+        for error in exc.errors():
+            variable = "DIAGNOSER_" + "__".join(str(part).upper() for part in error["loc"])
+            err.print(f"[bold red]error:[/] {variable}: {error['msg']} (got {error['input']!r})")
+        raise SystemExit(2) from None

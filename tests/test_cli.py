@@ -21,6 +21,15 @@ def test_version() -> None:
     assert result.stdout.strip() == f"diagnoser {__version__}"
 
 
+def test_an_invalid_setting_names_its_variable(tmp_path: Path) -> None:
+    result = diagnoser(
+        "serve", "--data-dir", str(tmp_path), env={"DIAGNOSER_HANG__TIMEOUT_S": "soon"}
+    )
+    assert result.returncode == 2
+    assert "DIAGNOSER_HANG__TIMEOUT_S: Input should be a valid number" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_bad_database_url_is_one_clear_line(tmp_path: Path) -> None:
     result = diagnoser("serve", "--data-dir", str(tmp_path), "--database-url", "mysql://x@y/z")
     assert result.returncode == 2
