@@ -276,7 +276,8 @@ def headless_exception(line: str, offset: int, line_no: int) -> Block | None:
     all lose the `Traceback (most recent call last):` header; the exception line alone still says
     what killed the process. Only Python's exact shape counts (`SomeError: message` at column 0),
     never an exception named inside a sentence, which is how handled errors are usually logged.
-    The block carries `headless` so the verdict's confidence says the evidence is partial.
+    The block carries `headless`: the engine gives it only to specific traceback rules (never
+    the catch-all for unknown types), and the verdict's confidence says the evidence is partial.
     """
     body = strip_prefix(line)
     if not _HEADLESS.match(body):
