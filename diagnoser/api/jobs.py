@@ -10,6 +10,7 @@ from sqlalchemy import and_, or_, select
 
 from diagnoser.api.deps import JobId, ResourcesDep
 from diagnoser.api.errors import ApiError
+from diagnoser.diagnosis.hang import LifecycleEvent
 from diagnoser.ingest.events import signal_name
 from diagnoser.ingest.records import parse_time
 from diagnoser.ingest.schemas import (
@@ -127,6 +128,7 @@ async def post_event(job_id: JobId, event: JobEventIn, resources: ResourcesDep) 
         session.add(row)
         await session.flush()
         await session.refresh(row)
-    if row.type != JobEventType.HEARTBEAT.value:
-        resources.stage.lifecycle(job_id, running=row.type == JobEventType.STARTED.value)
+    resources.stage.record_lifecycle(
+        job_id, LifecycleEvent(row.type, row.node, row.ts.timestamp(), row.exit_code, row.signal)
+    )
     return row

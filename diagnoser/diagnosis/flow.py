@@ -18,17 +18,25 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 
 from diagnoser.diagnosis.correlate import Source, Status, Verdict
+from diagnoser.diagnosis.hang import LifecycleEvent
 from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.diagnosis.schemas import DiagnosisStatus, DiagnosisView
 from diagnoser.rules import RuleEvent
 from diagnoser.store.database import Sessions
-from diagnoser.store.diagnoses import active_for_job, queue_action, set_culprits
+from diagnoser.store.diagnoses import (
+    active_for_job,
+    lifecycle_events,
+    queue_action,
+    set_culprits,
+)
 from diagnoser.store.models import DiagnosisRow, utcnow
 
 logger = logging.getLogger(__name__)
@@ -82,12 +90,15 @@ class DiagnosisFlow:
         """Diagnoses created or changed, by the action they then recommend."""
         self.hangs: Counter[str] = Counter()
         """Hangs `reported` by the detector and `resolved` by progress resuming."""
+        self._locks: dict[str, anyio.Lock] = {}
+        self._lock_users: Counter[str] = Counter()
 
     async def settle(self, job_id: str) -> list[str]:
         """Persist the job's verdict if it changed; return the ids of diagnoses it touched."""
         touched = []
         if self.stage.take_resumed(job_id):
-            touched.extend(await self._resolve_hang(job_id))
+            async with self._job_lock(job_id):
+                touched.extend(await self._resolve_hang(job_id))
         changed = self.stage.changed_verdict(job_id)
         if changed is None:
             return touched
@@ -95,29 +106,67 @@ class DiagnosisFlow:
         if verdict.status is Status.HEALTHY:
             return touched
         # LLM seam: Status.INCONCLUSIVE verdicts go to the LLM stage's queue here.
-        return [*touched, await self._store(job_id, verdict, ruleset.digest)]
+        async with self._job_lock(job_id):
+            return [*touched, await self._store(job_id, verdict, ruleset.digest)]
 
     async def report_stalls(self, timeout_s: float) -> list[str]:
-        """Store a hang diagnosis for every job stalled past its window (see diagnosis/hang.py)."""
-        stored = [
-            await self._store(job_id, verdict, ruleset.digest)
-            for job_id, verdict, ruleset in self.stage.stalled(timeout_s)
-        ]
-        self.hangs["reported"] += len(stored)
+        """Store a hang diagnosis for every running job stalled past its window (diagnosis/hang.py).
+
+        Each job is handled on its own: a failed store leaves that job to the next round.
+        """
+        stored = []
+        for job_id, window_s in self.stage.stall_candidates(timeout_s):
+            try:
+                if self.stage.needs_lifecycle(job_id, window_s):
+                    self.stage.load_lifecycle(job_id, await self._lifecycle(job_id))
+                found = self.stage.hang(job_id, window_s)
+                if found is None:
+                    continue
+                verdict, ruleset, since = found
+                async with self._job_lock(job_id):
+                    stored.append(await self._store(job_id, verdict, ruleset.digest, hang=True))
+                    self.hangs["reported"] += 1
+                    if not self.stage.mark_hung(job_id, since, verdict):
+                        await self._resolve_hang(job_id)  # progress arrived during the store
+            except Exception:
+                logger.exception("hang check for job %s failed; the next round retries", job_id)
         return stored
 
     async def watch_stalls(self, timeout_s: float, interval_s: float) -> None:
         """The service's hang detector: look for stalled jobs every `interval_s`, forever."""
         while True:
             await anyio.sleep(interval_s)
-            try:
-                await self.report_stalls(timeout_s)
-            except Exception:  # the detector outlives a database blip; the next round retries
-                logger.exception("hang check failed")
+            await self.report_stalls(timeout_s)
 
-    async def _store(self, job_id: str, verdict: Verdict, digest: str) -> str:
+    @asynccontextmanager
+    async def _job_lock(self, job_id: str) -> AsyncIterator[None]:
+        """One writer per job at a time: ingest's settle and the hang detector never race to
+        create two open diagnoses, or resolve a hang before it is stored."""
+        lock = self._locks.setdefault(job_id, anyio.Lock())
+        self._lock_users[job_id] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._lock_users[job_id] -= 1
+            if not self._lock_users[job_id]:
+                del self._lock_users[job_id], self._locks[job_id]
+
+    async def _lifecycle(self, job_id: str) -> list[LifecycleEvent]:
+        async with self.sessions.begin() as session:
+            rows = await lifecycle_events(session, job_id)
+        return [
+            LifecycleEvent(row.type, row.node, row.ts.timestamp(), row.exit_code, row.signal)
+            for row in rows
+        ]
+
+    async def _store(self, job_id: str, verdict: Verdict, digest: str, hang: bool = False) -> str:
         async with self.sessions.begin() as session:
             row = await active_for_job(session, job_id)
+            if hang and row is not None and row.failure_type != "hang":
+                # Another incident is open (a restarted attempt's old failure, say): a hang is
+                # a new one and must not overwrite it or cancel its pending action.
+                row = None
             if row is None:
                 row = DiagnosisRow(
                     id=str(uuid.uuid4()),
@@ -136,7 +185,9 @@ class DiagnosisFlow:
         return row.id
 
     async def _resolve_hang(self, job_id: str) -> list[str]:
-        """A job reported hung made progress again: its hang diagnosis is resolved, with why."""
+        """A job reported hung made progress again: its hang diagnosis is resolved, with why.
+
+        A hang is an escalation, so there is no pending outbox action to cancel."""
         async with self.sessions.begin() as session:
             row = await active_for_job(session, job_id)
             if row is None or row.failure_type != "hang" or row.source == Source.HUMAN:

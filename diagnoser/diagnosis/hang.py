@@ -10,8 +10,12 @@ A stall is a hang only when nothing else explains it: a job whose logs hold a fa
 diagnosed by that failure (which outranks the stall), and a job that finished (an `exited`
 event, or a completion line at the end of its log) is not running. A hang escalates: only the
 stacks of the stuck ranks (py-spy, the NCCL flight recorder) tell a deadlock from a slow
-filesystem, and no log line can. Nodes that went silent while the others kept writing are named
-as suspects, never cordoned.
+filesystem, and no log line can. Nodes that went silent while the others kept writing, and nodes
+whose launcher reported a failed exit, are named as suspects, never cordoned.
+
+A stall is only looked at for a job known to be running: its launcher posted `started` (or
+heartbeats that are still arriving) and no `exited` for the whole job. Silence alone cannot tell
+a hung job from a finished one.
 
 Pure: plain data in, plain data out.
 """
@@ -19,7 +23,7 @@ Pure: plain data in, plain data out.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import regex
 
@@ -50,7 +54,11 @@ _PHASES: tuple[tuple[regex.Pattern[str], str], ...] = (
         "during distributed initialisation",
     ),
     (regex.compile(r"NCCL INFO"), "while NCCL was setting up its communicators"),
-    (regex.compile(r"(?i)checkpoint"), "after a checkpoint save"),
+    (
+        regex.compile(r"(?i)\bsav(?:e|ed|ing)\b.*checkpoint|checkpoint.*\bsav(?:e|ed|ing)\b"),
+        "after a checkpoint save",
+    ),
+    (regex.compile(r"(?i)\bload(?:ed|ing)?\b.*checkpoint"), "while loading a checkpoint"),
     (regex.compile(r"Running training|^\s*0%\|"), "before the first training step"),
     (regex.compile(r"(?i)\btrain\w*\s+start"), "as a training step started"),
 )
@@ -83,9 +91,13 @@ def finished(tails: Iterable[NodeTail]) -> bool:
     return any(COMPLETION.search(line.text) for tail in tails for line in tail.lines)
 
 
-def stopped_at(tails: Sequence[NodeTail], last_step: int | None) -> str:
-    """A phrase for where the job stopped, for the summary an on-call engineer reads first."""
-    for tail in tails:
+def stopped_at(tails: Sequence[NodeTail], last_step: int | None, first: Sequence[str] = ()) -> str:
+    """A phrase for where the job stopped, for the summary an on-call engineer reads first.
+
+    Read from the nodes named in `first` (the suspects), then from the newest lines backwards.
+    """
+    order = sorted(tails, key=lambda t: (t.node not in first, -t.last_at, t.node))
+    for tail in order:
         for line in reversed(tail.lines):
             for pattern, phrase in _PHASES:
                 if pattern.search(line.text):
@@ -95,14 +107,58 @@ def stopped_at(tails: Sequence[NodeTail], last_step: int | None) -> str:
     return "after its last line"
 
 
+@dataclass(frozen=True, slots=True)
+class LifecycleEvent:
+    """One `POST /v1/jobs/{job}/events`: `started`, `heartbeat` or `exited`; node None = job."""
+
+    kind: str
+    node: str | None
+    at: float
+    exit_code: int | None = None
+    signal: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.kind == "exited" and (bool(self.exit_code) or self.signal is not None)
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """The newest lifecycle event per node (None: the whole job), as the launcher reported it."""
+
+    latest: dict[str | None, LifecycleEvent] = field(default_factory=dict)
+
+    def record(self, event: LifecycleEvent) -> None:
+        current = self.latest.get(event.node)
+        if current is None or event.at >= current.at:
+            self.latest[event.node] = event
+
+    def running(self, now: float, window_s: float) -> bool:
+        """Started and not exited: a `started` stands until an `exited`; heartbeats only while
+        they keep arriving (a launcher that stopped beating may be gone with its node)."""
+        job = self.latest.get(None)
+        if job is not None and job.kind == "exited":
+            return any(e.kind == "started" and e.at > job.at for e in self.latest.values())
+        return any(
+            e.kind == "started" or (e.kind == "heartbeat" and now - e.at < window_s)
+            for e in self.latest.values()
+        )
+
+    def failed_nodes(self) -> tuple[str, ...]:
+        """Nodes whose launcher reported a non-zero exit or a signal."""
+        return tuple(sorted(n for n, e in self.latest.items() if n is not None and e.failed))
+
+
 def hang_verdict(
     stalled_for: float,
     tails: Sequence[NodeTail],
     progress: Mapping[str, int] | None = None,
     silent_nodes: Sequence[str] = (),
+    failed_nodes: Sequence[str] = (),
 ) -> Verdict:
     """The escalation for a job stalled `stalled_for` seconds with no failure in its logs."""
     last_step = (progress or {}).get("last_step")
+    suspects = tuple(sorted({*silent_nodes, *failed_nodes}))
     evidence = tuple(
         RuleEvent(
             rule_id=RULE_ID,
@@ -120,10 +176,13 @@ def hang_verdict(
             time=tail.last_at,
             evidence=tuple(line.text for line in tail.lines[:-1]),
         )
-        for tail in sorted(tails, key=lambda t: (t.node not in silent_nodes, t.last_at))
+        for tail in sorted(tails, key=lambda t: (t.node not in suspects, t.last_at, t.node))
         if tail.lines
     )
-    summary = f"no progress for {_duration(stalled_for)} {stopped_at(tails, last_step)}"
+    where = stopped_at(tails, last_step, suspects)
+    summary = f"no progress for {_duration(stalled_for)} {where}"
+    if failed_nodes:
+        summary += f"; the launcher on {', '.join(failed_nodes)} reported a failed exit"
     if silent_nodes:
         summary += f"; {', '.join(silent_nodes)} went silent first"
     summary += ", and no error line: a hang. Dump the stuck ranks' stacks (py-spy dump)."
@@ -132,7 +191,7 @@ def hang_verdict(
         action=Action.ESCALATE,
         failure_type="hang",
         category=Category.FRAMEWORK,
-        culprit_nodes=tuple(silent_nodes),
+        culprit_nodes=suspects,
         confidence=0.3,
         source=Source.CORRELATION,
         summary=summary,

@@ -56,11 +56,21 @@ class JobState:
     step_intervals: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_INTERVALS))
     tails: dict[str, deque[hang.TailLine]] = field(default_factory=dict)
     node_last_at: dict[str, float] = field(default_factory=dict)
-    exited: bool = False
-    hung: bool = False
-    """A hang was reported and no progress has been seen since."""
+    lifecycle: hang.Lifecycle | None = None
+    """Lifecycle events seen here, or loaded from the database; None: not known yet."""
+    lifecycle_loaded_at: float | None = None
+    """When `lifecycle` was read from the database (None: built from events posted here)."""
+    hung_since: float | None = None
+    """The stall a stored hang diagnosis describes (its `since`); None when not hung."""
+    checked_since: float | None = None
+    """A stall already found not to be a hang (job not running, or finished): skip it."""
     resumed: bool = False
     """Progress came back after a reported hang; the flow resolves that diagnosis."""
+
+    @property
+    def since(self) -> float:
+        """Where the current stall starts: the last step, or the last line for a job without."""
+        return self.last_step_at if self.last_step_at is not None else self.last_line_at
 
     def add(self, events: list[RuleEvent]) -> None:
         for event in events:
@@ -115,8 +125,10 @@ class DiagnosisStage:
         self, state: JobState, node: str, batch: LineBatch, now: float, step: int | None
     ) -> None:
         state.last_line_at = state.node_last_at[node] = now
-        if state.progress.last_step != step:
-            if state.last_step_at is not None:
+        advanced = state.progress.last_step != step
+        if advanced:
+            if state.last_step_at is not None and state.hung_since is None:
+                # A hang's own length is not a step interval: it would stretch the next window.
                 state.step_intervals.append(now - state.last_step_at)
             state.last_step_at = now
         tail = state.tails.get(node)
@@ -126,16 +138,58 @@ class DiagnosisStage:
         for i in range(max(0, len(lines) - TAIL_LINES), len(lines)):
             text = lines[i][:TAIL_LINE_CHARS]
             tail.append(hang.TailLine(text, batch.first_line_no + i, batch.start_of(i)))
-        if state.hung and (state.last_step_at == now or state.progress.last_step is None):
+        if state.hung_since is not None and (advanced or state.last_step_at is None):
             # Steps advance again (or, for a job that never reported steps, lines flow again).
-            state.hung = False
+            state.hung_since = None
             state.resumed = True
 
-    def lifecycle(self, job_id: str, *, running: bool) -> None:
-        """The launcher reported an exit (silence from now on is not a hang) or a (re)start."""
+    def record_lifecycle(self, job_id: str, event: hang.LifecycleEvent) -> None:
+        """A launcher's `started` / `heartbeat` / `exited`, as posted to this replica.
+
+        A `started` for the whole job, or for a node whose previous word was `exited`, is a new
+        attempt (a restart from checkpoint): the live state starts over, so the old attempt's
+        failure no longer blocks hang checks and redone steps count as progress.
+        """
+        state = self._job(job_id)
+        previous = state.lifecycle.latest.get(event.node) if state.lifecycle else None
+        restart = event.kind == "started" and (
+            event.node is None or (previous is not None and previous.kind == "exited")
+        )
+        if restart and state.last_line_at:
+            lifecycle = state.lifecycle
+            ruleset = self.registry.active
+            state = self.jobs[job_id] = JobState(ruleset, JobScanner(ruleset))
+            state.lifecycle = lifecycle
+        if state.lifecycle is None or state.lifecycle_loaded_at is not None:
+            state.lifecycle = state.lifecycle or hang.Lifecycle()
+            state.lifecycle_loaded_at = None
+        state.lifecycle.record(event)
+        state.checked_since = None
+
+    def needs_lifecycle(self, job_id: str, window_s: float) -> bool:
+        """True when the database must be asked whether the job is running."""
         state = self.jobs.get(job_id)
-        if state is not None:
-            state.exited = not running
+        if state is None:
+            return False
+        if state.lifecycle is None:
+            return True
+        loaded = state.lifecycle_loaded_at
+        return loaded is not None and self.clock() - loaded >= window_s
+
+    def load_lifecycle(self, job_id: str, events: list[hang.LifecycleEvent]) -> None:
+        """Lifecycle events read from the database (posted to another replica, or before a
+        restart of this one)."""
+        state = self.jobs.get(job_id)
+        if state is None:
+            return
+        lifecycle = hang.Lifecycle()
+        for event in events:
+            lifecycle.record(event)
+        if state.lifecycle is not None:
+            for event in state.lifecycle.latest.values():
+                lifecycle.record(event)
+        state.lifecycle = lifecycle
+        state.lifecycle_loaded_at = self.clock()
 
     def take_resumed(self, job_id: str) -> bool:
         """True once after a hung job made progress again."""
@@ -145,33 +199,55 @@ class DiagnosisStage:
         state.resumed = False
         return True
 
-    def stalled(self, timeout_s: float) -> list[tuple[str, Verdict, RuleSet]]:
-        """Jobs stalled past their window with nothing else to explain it, as hang verdicts.
-
-        Each is reported once; it is reported again only after it made progress and stalled anew.
-        """
+    def stall_candidates(self, timeout_s: float) -> list[tuple[str, float]]:
+        """(job, window) for every job whose stall has outlasted its window and that nothing
+        else explains yet: no failure, no unsettled events, not already reported or dismissed."""
         now = self.clock()
-        found: list[tuple[str, Verdict, RuleSet]] = []
+        found = []
         for job_id, state in self.jobs.items():
-            if state.exited or state.hung or state.failing or not state.last_line_at:
+            if state.failing or state.dirty or state.hung_since is not None:
                 continue
-            since = state.last_step_at if state.last_step_at is not None else state.last_line_at
-            stalled_for = now - since
+            if not state.last_line_at or state.checked_since == state.since:
+                continue
             window_s = hang.window(timeout_s, state.step_intervals)
-            if stalled_for < window_s:
-                continue
-            tails = [
-                hang.NodeTail(node, tuple(lines), state.node_last_at.get(node, 0.0))
-                for node, lines in sorted(state.tails.items())
-            ]
-            if hang.finished(tails):
-                continue
-            silent = hang.silent_nodes(tails, now, window_s)
-            verdict = hang.hang_verdict(stalled_for, tails, state.progress.as_record(), silent)
-            state.hung = True
-            state.last = verdict_key(verdict)
-            found.append((job_id, verdict, state.ruleset))
+            if now - state.since >= window_s:
+                found.append((job_id, window_s))
         return found
+
+    def hang(self, job_id: str, window_s: float) -> tuple[Verdict, RuleSet, float] | None:
+        """The job's hang verdict, if it is running and its logs do not say it finished; also
+        the `since` to pass to `mark_hung`. A stall that is not a hang is not asked about again
+        until the job writes or its launcher reports."""
+        state = self.jobs.get(job_id)
+        if state is None or state.failing or state.dirty or state.hung_since is not None:
+            return None
+        now = self.clock()
+        lifecycle = state.lifecycle or hang.Lifecycle()
+        tails = [
+            hang.NodeTail(node, tuple(lines), state.node_last_at.get(node, 0.0))
+            for node, lines in sorted(state.tails.items())
+        ]
+        if not lifecycle.running(now, window_s) or hang.finished(tails):
+            state.checked_since = state.since
+            return None
+        verdict = hang.hang_verdict(
+            now - state.since,
+            tails,
+            state.progress.as_record(),
+            hang.silent_nodes(tails, now, window_s),
+            lifecycle.failed_nodes(),
+        )
+        return verdict, state.ruleset, state.since
+
+    def mark_hung(self, job_id: str, since: float, verdict: Verdict) -> bool:
+        """The hang diagnosis for the stall starting at `since` is stored. False when the job
+        made progress meanwhile (the caller resolves it at once)."""
+        state = self.jobs.get(job_id)
+        if state is None or state.since != since:
+            return False
+        state.hung_since = since
+        state.last = verdict_key(verdict)
+        return True
 
     def progress(self, job_id: str) -> dict[str, int] | None:
         state = self.jobs.get(job_id)

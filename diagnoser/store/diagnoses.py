@@ -11,7 +11,13 @@ from sqlalchemy import Select, and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from diagnoser.store.cursor import decode_cursor, encode_cursor
-from diagnoser.store.models import ActionRow, DiagnosisCulpritRow, DiagnosisRow, utcnow
+from diagnoser.store.models import (
+    ActionRow,
+    DiagnosisCulpritRow,
+    DiagnosisRow,
+    JobEventRow,
+    utcnow,
+)
 
 ACTIVE = ("open", "actioned")
 OUTBOX_ACTIONS = ("cordon_node_and_restart", "restart_job")
@@ -73,6 +79,19 @@ async def active_for_job(session: AsyncSession, job_id: str) -> DiagnosisRow | N
         .where(DiagnosisRow.job_id == job_id, DiagnosisRow.status.in_(ACTIVE))
         .order_by(DiagnosisRow.created_at.desc())
         .limit(1)
+    )
+
+
+async def lifecycle_events(session: AsyncSession, job_id: str) -> list[JobEventRow]:
+    """The job's newest lifecycle event per node (node None: the whole job), for hang checks."""
+    newest = (
+        select(JobEventRow.node, func.max(JobEventRow.id).label("id"))
+        .where(JobEventRow.job_id == job_id)
+        .group_by(JobEventRow.node)
+        .subquery()
+    )
+    return list(
+        await session.scalars(select(JobEventRow).join(newest, JobEventRow.id == newest.c.id))
     )
 
 

@@ -1,4 +1,5 @@
-"""The hang detector in the running service: a job that stops without a reason is escalated.
+"""The hang detector in the running service: a running job that stops without a reason is
+escalated.
 
 A real uvicorn server with a 2-second hang window (checked every 0.2 s), on SQLite and
 PostgreSQL. Waiting is polling, bounded by a deadline: nothing here asserts a duration.
@@ -46,6 +47,11 @@ def send(service: ServiceProcess, job: str, node: str, text: str) -> None:
     assert response.status_code == 200, response.text
 
 
+def event(service: ServiceProcess, job: str, kind: str, **fields: object) -> None:
+    response = httpx.post(f"{service.base_url}/v1/jobs/{job}/events", json={"type": kind, **fields})
+    assert response.status_code == 201, response.text
+
+
 def job_diagnoses(service: ServiceProcess, job: str) -> list[dict[str, object]]:
     body = httpx.get(f"{service.base_url}/v1/jobs/{job}/diagnoses").json()
     items: list[dict[str, object]] = body["diagnoses"]
@@ -66,6 +72,7 @@ def wait_for(
 def test_a_stalled_job_is_escalated_as_a_hang_then_resolved_when_it_resumes(
     service: ServiceProcess,
 ) -> None:
+    event(service, "stuck", "started")
     for node in ("node-0", "node-1"):
         send(service, "stuck", node, steps(1, 20))
     send(service, "stuck", "node-0", "[2024-06-26 04:16:12] Saving model checkpoint to step 20\n")
@@ -92,24 +99,40 @@ def test_a_stalled_job_is_escalated_as_a_hang_then_resolved_when_it_resumes(
     assert resolved[0]["status"] == "resolved"
     assert "progress resumed (step 22)" in str(resolved[0]["summary"])
     metrics = httpx.get(f"{service.base_url}/metrics").text
+    assert 'diagnoser_hangs_total{outcome="reported"} 1.0' in metrics
     assert 'diagnoser_hangs_total{outcome="resolved"} 1.0' in metrics
-    assert 'diagnoser_hangs_total{outcome="reported"}' in metrics
 
 
-def test_a_job_that_reported_its_exit_is_not_hung(service: ServiceProcess) -> None:
+def test_only_a_job_known_to_be_running_can_hang(service: ServiceProcess) -> None:
+    event(service, "done", "started")
     send(service, "done", "node-0", steps(1, 5))
-    response = httpx.post(
-        f"{service.base_url}/v1/jobs/done/events", json={"type": "exited", "exit_code": 0}
-    )
-    assert response.status_code == 201
+    event(service, "done", "exited", exit_code=0)
+    event(service, "finished", "started")
     send(service, "finished", "node-0", steps(1, 5) + "***** Training completed *****\n")
+    send(service, "no-launcher-events", "node-0", steps(1, 5))
+    event(service, "control", "started")
     send(service, "control", "node-0", steps(1, 5))
     wait_for(lambda: job_diagnoses(service, "control"), bool)
     assert job_diagnoses(service, "done") == []
     assert job_diagnoses(service, "finished") == []
+    assert job_diagnoses(service, "no-launcher-events") == []
+
+
+def test_a_node_whose_launcher_failed_is_the_suspect(service: ServiceProcess) -> None:
+    event(service, "peer-died", "started")
+    for node in ("node-0", "node-1", "node-2"):
+        send(service, "peer-died", node, steps(1, 5))
+    event(service, "peer-died", "exited", node="node-2", exit_code=-9)
+    found = wait_for(lambda: job_diagnoses(service, "peer-died"), bool)
+    assert [(d["failure_type"], d["action"], d["culprit_nodes"]) for d in found] == [
+        ("hang", "escalate", ["node-2"])
+    ]
+    assert "node-2 reported a failed exit" in str(found[0]["summary"])
 
 
 def test_a_failure_is_diagnosed_as_itself_not_as_a_hang(service: ServiceProcess) -> None:
+    event(service, "oom", "started")
+    event(service, "oom-control", "started")
     send(
         service,
         "oom",
@@ -125,6 +148,7 @@ def test_a_failure_is_diagnosed_as_itself_not_as_a_hang(service: ServiceProcess)
 def test_an_error_after_the_hang_turns_the_same_diagnosis_into_that_failure(
     service: ServiceProcess,
 ) -> None:
+    event(service, "late-timeout", "started")
     send(service, "late-timeout", "node-0", steps(1, 10))
     hang = wait_for(lambda: job_diagnoses(service, "late-timeout"), bool)[0]
     assert hang["failure_type"] == "hang"
@@ -143,3 +167,17 @@ def test_an_error_after_the_hang_turns_the_same_diagnosis_into_that_failure(
     assert [(d["id"], d["failure_type"], d["action"]) for d in found] == [
         (hang["id"], "nccl_timeout", "restart_job")
     ]
+
+
+def test_a_restarted_attempt_that_hangs_is_a_new_incident(service: ServiceProcess) -> None:
+    event(service, "retry", "started")
+    send(service, "retry", "node-0", steps(1, 3) + "torch.OutOfMemoryError: CUDA out of memory.\n")
+    first = wait_for(lambda: job_diagnoses(service, "retry"), bool)
+    event(service, "retry", "started")  # restarted with a smaller batch, from step 2
+    send(service, "retry", "node-0", steps(2, 4))
+    found = wait_for(lambda: job_diagnoses(service, "retry"), lambda d: len(d) == 2)
+    by_type = {d["failure_type"]: d for d in found}
+    assert set(by_type) == {"cuda_oom", "hang"}
+    assert by_type["cuda_oom"]["id"] == first[0]["id"]
+    assert by_type["cuda_oom"]["status"] == "open"
+    assert by_type["cuda_oom"]["action"] == "notify_user"
