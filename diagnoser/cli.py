@@ -209,20 +209,24 @@ def diagnose(
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         raise fail(f"no such file: {', '.join(missing)}", 2)
-    settings = Settings()
     stall: float | None = None
     if stalled_for == "mtime":
         stall = max(0.0, time.time() - max(path.stat().st_mtime for path in paths))
     elif stalled_for is not None:
         stall = _seconds(stalled_for, "--stalled-for")
-    timeout = _seconds(hang_timeout, "--hang-timeout") if hang_timeout else settings.hang.timeout_s
+    if hang_timeout is not None:
+        timeout = _seconds(hang_timeout, "--hang-timeout")
+        if timeout <= 0:
+            raise fail("--hang-timeout must be longer than 0", 2)
+    else:
+        timeout = Settings().hang.timeout_s
     mapping: dict[str, str] = {}
     for item in node_map or []:
         file_name, sep, node = item.partition("=")
         if not sep or not file_name or not node:
             raise fail(f"--node-map takes FILE=NODE, got {item!r}", 2)
         mapping[file_name] = node
-    ruleset = _load_rules(rules_dir or settings.rules_dir)
+    ruleset = _load_rules(rules_dir or Settings().rules_dir)
     result = run_diagnosis(
         node_logs(paths, mapping), ruleset, stalled_for=stall, hang_timeout=timeout
     )
@@ -236,6 +240,8 @@ def diagnose(
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_SECRET_WORDS = ("URL", "KEY", "PASSWORD", "SECRET", "TOKEN")
+"""Settings whose rejected value is not echoed back: it may hold a credential."""
 
 
 def _seconds(text: str, option: str) -> float:
@@ -320,5 +326,7 @@ def main() -> None:
             raise
         for error in exc.errors():
             variable = "DIAGNOSER_" + "__".join(str(part).upper() for part in error["loc"])
-            err.print(f"[bold red]error:[/] {variable}: {error['msg']} (got {error['input']!r})")
+            secret = any(word in variable for word in _SECRET_WORDS) or len(error["loc"]) < 2
+            shown = "" if secret else f" (got {error['input']!r})"
+            err.print(f"[bold red]error:[/] {variable}: {error['msg']}{shown}")
         raise SystemExit(2) from None

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from diagnoser.config import Settings
+from diagnoser.diagnosis.hang import DEFAULT_TIMEOUT_S
 from diagnoser.evaluation.corpus import FLOORS_FILE, CorpusError, load_corpus, load_floors
 from diagnoser.evaluation.report import as_json, render
 from diagnoser.evaluation.runner import rules_diagnoser, run
@@ -52,8 +53,7 @@ def evaluate(
     try:
         cases = load_corpus(directory)
         floors = load_floors(directory / FLOORS_FILE)
-        settings = Settings()
-        ruleset = load_dir(rules_dir or settings.rules_dir)
+        ruleset = load_dir(rules_dir or Settings().rules_dir)
     except CorpusError as exc:
         for problem in exc.problems:
             err.print(f"[bold red]error:[/] {escape(problem)}")
@@ -61,7 +61,8 @@ def evaluate(
     except RuleLoadError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from exc
-    diagnoser = rules_diagnoser(ruleset, hang_timeout=settings.hang.timeout_s, stalls=stalls)
+    # The corpus is scored at the default hang window, whatever this shell's environment says.
+    diagnoser = rules_diagnoser(ruleset, hang_timeout=DEFAULT_TIMEOUT_S, stalls=stalls)
     summary = summarise(run(cases, diagnoser, repeat))
     failures = gate(summary, floors)
     if as_json_output:
