@@ -125,7 +125,7 @@ def create_app(settings: Settings) -> FastAPI:
             admission=Admission(settings.ingest.max_concurrent_requests),
             reloader=reloader,
             hub=hub,
-            stage=stage,
+            flow=flow,
         )
         try:
             async with anyio.create_task_group() as background:

@@ -10,8 +10,8 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from diagnoser.config import Settings
+from diagnoser.diagnosis.flow import DiagnosisFlow
 from diagnoser.diagnosis.hub import DiagnosisHub
-from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.ingest.admission import Admission
 from diagnoser.ingest.writer import StreamWriter
 from diagnoser.observability import Metrics
@@ -34,8 +34,8 @@ class Resources:
     admission: Admission
     reloader: RuleReloader
     hub: DiagnosisHub
-    stage: DiagnosisStage
-    """Live per-job diagnosis state; lifecycle events (an exit) are told to it."""
+    flow: DiagnosisFlow
+    """The diagnosis flow; lifecycle events (a start, an exit) are told to it."""
 
 
 def get_resources(request: Request) -> Resources:

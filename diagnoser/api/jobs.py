@@ -128,7 +128,8 @@ async def post_event(job_id: JobId, event: JobEventIn, resources: ResourcesDep) 
         session.add(row)
         await session.flush()
         await session.refresh(row)
-    resources.stage.record_lifecycle(
-        job_id, LifecycleEvent(row.type, row.node, row.ts.timestamp(), row.exit_code, row.signal)
+    received = row.received_at.timestamp()
+    await resources.flow.lifecycle(
+        job_id, LifecycleEvent(row.type, row.node, received, row.exit_code, row.signal)
     )
     return row

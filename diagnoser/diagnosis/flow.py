@@ -97,8 +97,12 @@ class DiagnosisFlow:
         """Persist the job's verdict if it changed; return the ids of diagnoses it touched."""
         touched = []
         if self.stage.take_resumed(job_id):
-            async with self._job_lock(job_id):
-                touched.extend(await self._resolve_hang(job_id))
+            try:
+                async with self._job_lock(job_id):
+                    touched.extend(await self._resolve_hang(job_id))
+            except Exception:
+                self.stage.flag_resumed(job_id)
+                raise
         changed = self.stage.changed_verdict(job_id)
         if changed is None:
             return touched
@@ -126,7 +130,7 @@ class DiagnosisFlow:
                 async with self._job_lock(job_id):
                     stored.append(await self._store(job_id, verdict, ruleset.digest, hang=True))
                     self.hangs["reported"] += 1
-                    if not self.stage.mark_hung(job_id, since, verdict):
+                    if self.stage.mark_hung(job_id, since, verdict) is False:
                         await self._resolve_hang(job_id)  # progress arrived during the store
             except Exception:
                 logger.exception("hang check for job %s failed; the next round retries", job_id)
@@ -136,7 +140,26 @@ class DiagnosisFlow:
         """The service's hang detector: look for stalled jobs every `interval_s`, forever."""
         while True:
             await anyio.sleep(interval_s)
-            await self.report_stalls(timeout_s)
+            try:
+                await self.report_stalls(timeout_s)
+            except Exception:  # only per-job failures are expected; the detector must live on
+                logger.exception("hang check round failed")
+
+    async def lifecycle(self, job_id: str, event: LifecycleEvent) -> None:
+        """A launcher's lifecycle event, told to the live stage.
+
+        On a restart, the old attempt is settled first (a failure it found but had not stored
+        yet is stored now, not wiped with its state), and its open hang is resolved.
+        """
+        if not self.stage.is_restart(job_id, event):
+            self.stage.record_lifecycle(job_id, event)
+            return
+        await self.settle(job_id)
+        hung = self.stage.is_hung(job_id)
+        self.stage.record_lifecycle(job_id, event)
+        if hung:
+            async with self._job_lock(job_id):
+                await self._resolve_hang(job_id, "the job was restarted")
 
     @asynccontextmanager
     async def _job_lock(self, job_id: str) -> AsyncIterator[None]:
@@ -156,7 +179,9 @@ class DiagnosisFlow:
         async with self.sessions.begin() as session:
             rows = await lifecycle_events(session, job_id)
         return [
-            LifecycleEvent(row.type, row.node, row.ts.timestamp(), row.exit_code, row.signal)
+            LifecycleEvent(
+                row.type, row.node, row.received_at.timestamp(), row.exit_code, row.signal
+            )
             for row in rows
         ]
 
@@ -184,7 +209,7 @@ class DiagnosisFlow:
         self.hub.publish(DiagnosisView.model_validate(row))
         return row.id
 
-    async def _resolve_hang(self, job_id: str) -> list[str]:
+    async def _resolve_hang(self, job_id: str, why: str = "progress resumed") -> list[str]:
         """A job reported hung made progress again: its hang diagnosis is resolved, with why.
 
         A hang is an escalation, so there is no pending outbox action to cancel."""
@@ -195,7 +220,7 @@ class DiagnosisFlow:
             row.status = DiagnosisStatus.RESOLVED.value
             row.progress = self.stage.progress(job_id)
             step = (row.progress or {}).get("last_step")
-            row.summary += f" Resolved: progress resumed{f' (step {step})' if step else ''}."
+            row.summary += f" Resolved: {why}{f' (step {step})' if step else ''}."
             row.updated_at = utcnow()
             await session.flush()
         self.hangs["resolved"] += 1

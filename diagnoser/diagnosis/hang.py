@@ -109,7 +109,11 @@ def stopped_at(tails: Sequence[NodeTail], last_step: int | None, first: Sequence
 
 @dataclass(frozen=True, slots=True)
 class LifecycleEvent:
-    """One `POST /v1/jobs/{job}/events`: `started`, `heartbeat` or `exited`; node None = job."""
+    """One `POST /v1/jobs/{job}/events`: `started`, `heartbeat` or `exited`; node None = job.
+
+    `at` is when the service received it: a launcher's clock may be skewed or wrong, and the
+    order of events and the freshness of heartbeats must not depend on it.
+    """
 
     kind: str
     node: str | None
@@ -133,20 +137,46 @@ class Lifecycle:
         if current is None or event.at >= current.at:
             self.latest[event.node] = event
 
-    def running(self, now: float, window_s: float) -> bool:
-        """Started and not exited: a `started` stands until an `exited`; heartbeats only while
-        they keep arriving (a launcher that stopped beating may be gone with its node)."""
+    def running(self, now: float, window_s: float, nodes: Iterable[str] = ()) -> bool:
+        """Started and not exited, on at least one node.
+
+        A node's own newest word counts when it is newer than the job-level one; otherwise the
+        node has the job's state (`nodes` are the nodes seen in the logs, which may never
+        report for themselves). `started` stands until `exited`; a `heartbeat` only while less
+        than a window old (a launcher that stopped beating may be gone with its node).
+        """
+
+        def alive(event: LifecycleEvent | None) -> bool:
+            if event is None:
+                return False
+            return event.kind == "started" or (
+                event.kind == "heartbeat" and now - event.at < window_s
+            )
+
         job = self.latest.get(None)
-        if job is not None and job.kind == "exited":
-            return any(e.kind == "started" and e.at > job.at for e in self.latest.values())
-        return any(
-            e.kind == "started" or (e.kind == "heartbeat" and now - e.at < window_s)
-            for e in self.latest.values()
-        )
+        names = {n for n in self.latest if n is not None} | set(nodes)
+        if not names:
+            return alive(job)
+        for name in names:
+            own = self.latest.get(name)
+            if own is not None and (job is None or own.at >= job.at):
+                if alive(own):
+                    return True
+            elif alive(job):
+                return True
+        return False
 
     def failed_nodes(self) -> tuple[str, ...]:
         """Nodes whose launcher reported a non-zero exit or a signal."""
         return tuple(sorted(n for n, e in self.latest.items() if n is not None and e.failed))
+
+    def is_restart(self, event: LifecycleEvent) -> bool:
+        """A `started` after an earlier word for the whole job, or for a node whose newest word
+        was `exited`. A job's first `started` is not one, however late it arrives."""
+        if event.kind != "started":
+            return False
+        previous = self.latest.get(event.node)
+        return previous is not None and (event.node is None or previous.kind == "exited")
 
 
 def hang_verdict(

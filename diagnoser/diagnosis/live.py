@@ -146,48 +146,49 @@ class DiagnosisStage:
     def record_lifecycle(self, job_id: str, event: hang.LifecycleEvent) -> None:
         """A launcher's `started` / `heartbeat` / `exited`, as posted to this replica.
 
-        A `started` for the whole job, or for a node whose previous word was `exited`, is a new
-        attempt (a restart from checkpoint): the live state starts over, so the old attempt's
-        failure no longer blocks hang checks and redone steps count as progress.
+        A restart (`Lifecycle.is_restart`) begins a new attempt: the live state starts over, so
+        the old attempt's failure no longer blocks hang checks and redone steps count as
+        progress. The flow settles the old attempt first (`DiagnosisFlow.lifecycle`).
         """
         state = self._job(job_id)
-        previous = state.lifecycle.latest.get(event.node) if state.lifecycle else None
-        restart = event.kind == "started" and (
-            event.node is None or (previous is not None and previous.kind == "exited")
-        )
-        if restart and state.last_line_at:
-            lifecycle = state.lifecycle
+        lifecycle = state.lifecycle or hang.Lifecycle()
+        if lifecycle.is_restart(event) and state.last_line_at:
+            loaded_at = state.lifecycle_loaded_at
             ruleset = self.registry.active
             state = self.jobs[job_id] = JobState(ruleset, JobScanner(ruleset))
-            state.lifecycle = lifecycle
-        if state.lifecycle is None or state.lifecycle_loaded_at is not None:
-            state.lifecycle = state.lifecycle or hang.Lifecycle()
-            state.lifecycle_loaded_at = None
-        state.lifecycle.record(event)
+            state.lifecycle_loaded_at = loaded_at
+        lifecycle.record(event)
+        state.lifecycle = lifecycle
         state.checked_since = None
 
+    def is_restart(self, job_id: str, event: hang.LifecycleEvent) -> bool:
+        state = self.jobs.get(job_id)
+        if state is None or not state.last_line_at:
+            return False
+        return (state.lifecycle or hang.Lifecycle()).is_restart(event)
+
+    def is_hung(self, job_id: str) -> bool:
+        state = self.jobs.get(job_id)
+        return state is not None and state.hung_since is not None
+
     def needs_lifecycle(self, job_id: str, window_s: float) -> bool:
-        """True when the database must be asked whether the job is running."""
+        """True when the database must be asked whether the job is running: never read yet, or
+        read more than a window ago (events may have gone to another replica since)."""
         state = self.jobs.get(job_id)
         if state is None:
             return False
-        if state.lifecycle is None:
-            return True
         loaded = state.lifecycle_loaded_at
-        return loaded is not None and self.clock() - loaded >= window_s
+        return loaded is None or self.clock() - loaded >= window_s
 
     def load_lifecycle(self, job_id: str, events: list[hang.LifecycleEvent]) -> None:
-        """Lifecycle events read from the database (posted to another replica, or before a
-        restart of this one)."""
+        """Merge lifecycle events read from the database (posted to another replica, or before
+        this one restarted) with those seen here."""
         state = self.jobs.get(job_id)
         if state is None:
             return
-        lifecycle = hang.Lifecycle()
+        lifecycle = state.lifecycle or hang.Lifecycle()
         for event in events:
             lifecycle.record(event)
-        if state.lifecycle is not None:
-            for event in state.lifecycle.latest.values():
-                lifecycle.record(event)
         state.lifecycle = lifecycle
         state.lifecycle_loaded_at = self.clock()
 
@@ -227,7 +228,7 @@ class DiagnosisStage:
             hang.NodeTail(node, tuple(lines), state.node_last_at.get(node, 0.0))
             for node, lines in sorted(state.tails.items())
         ]
-        if not lifecycle.running(now, window_s) or hang.finished(tails):
+        if not lifecycle.running(now, window_s, state.nodes) or hang.finished(tails):
             state.checked_since = state.since
             return None
         verdict = hang.hang_verdict(
@@ -239,15 +240,24 @@ class DiagnosisStage:
         )
         return verdict, state.ruleset, state.since
 
-    def mark_hung(self, job_id: str, since: float, verdict: Verdict) -> bool:
+    def mark_hung(self, job_id: str, since: float, verdict: Verdict) -> bool | None:
         """The hang diagnosis for the stall starting at `since` is stored. False when the job
-        made progress meanwhile (the caller resolves it at once)."""
+        made progress meanwhile (the caller resolves it at once); None when the job's live
+        state is gone (evicted or restarted): nothing is known either way."""
         state = self.jobs.get(job_id)
-        if state is None or state.since != since:
+        if state is None:
+            return None
+        if state.since != since:
             return False
         state.hung_since = since
         state.last = verdict_key(verdict)
         return True
+
+    def flag_resumed(self, job_id: str) -> None:
+        """A resolve that failed to store: try again at the next settle."""
+        state = self.jobs.get(job_id)
+        if state is not None:
+            state.resumed = True
 
     def progress(self, job_id: str) -> dict[str, int] | None:
         state = self.jobs.get(job_id)

@@ -60,7 +60,8 @@ class JobEventIn(BaseModel):
     rank: int | None = Field(default=None, ge=0)
     exit_code: int | None = Field(default=None, ge=-128, le=255)
     signal: str | int | None = None
-    ts: datetime | float | None = None
+    ts: datetime | Annotated[float, Field(ge=0, lt=1e11)] | None = None
+    """RFC 3339 or epoch seconds (not milliseconds); when the launcher saw it happen."""
 
 
 class JobEventOut(BaseModel):

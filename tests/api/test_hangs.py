@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -181,3 +182,55 @@ def test_a_restarted_attempt_that_hangs_is_a_new_incident(service: ServiceProces
     assert by_type["cuda_oom"]["id"] == first[0]["id"]
     assert by_type["cuda_oom"]["status"] == "open"
     assert by_type["cuda_oom"]["action"] == "notify_user"
+
+
+def test_a_restart_resolves_the_open_hang(service: ServiceProcess) -> None:
+    event(service, "restarted", "started")
+    send(service, "restarted", "node-0", steps(1, 5))
+    hang = wait_for(lambda: job_diagnoses(service, "restarted"), bool)[0]
+    event(service, "restarted", "started")
+    found = wait_for(
+        lambda: job_diagnoses(service, "restarted"), lambda d: d[0]["status"] == "resolved"
+    )
+    assert (found[0]["id"], found[0]["status"]) == (hang["id"], "resolved")
+    assert "Resolved: the job was restarted" in str(found[0]["summary"])
+
+
+def test_event_times_in_milliseconds_are_read_and_absurd_ones_refused(
+    service: ServiceProcess,
+) -> None:
+    url = f"{service.base_url}/v1/jobs/clock/events"
+    millis = httpx.post(url, json={"type": "started", "ts": 1_700_000_000_000})
+    assert millis.status_code == 201
+    assert millis.json()["ts"].startswith("2023-11-14T22:13:20")
+    absurd = httpx.post(url, json={"type": "started", "ts": 1e20})
+    assert absurd.status_code == 422
+    assert absurd.json()["error"]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def fresh_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    env = backend_env(request, tmp_path)
+    env["DIAGNOSER_HANG__TIMEOUT_S"] = str(WINDOW_S)
+    env["DIAGNOSER_HANG__CHECK_INTERVAL_S"] = "0.2"
+    return env
+
+
+def test_lifecycle_posted_before_a_service_restart_is_read_back(fresh_env: dict[str, str]) -> None:
+    """The `started` went to the previous process: the detector reads it from the database."""
+    before = ServiceProcess(env=fresh_env)
+    before.start()
+    try:
+        event(before, "survivor", "started")
+    finally:
+        before.stop()
+    after = ServiceProcess(env=fresh_env)
+    after.start()
+    try:
+        send(after, "survivor", "node-0", steps(1, 5))
+        send(after, "no-events", "node-0", steps(1, 5))
+        found = wait_for(lambda: job_diagnoses(after, "survivor"), bool)
+        assert [d["failure_type"] for d in found] == ["hang"]
+        assert job_diagnoses(after, "no-events") == []
+    finally:
+        after.stop()

@@ -53,6 +53,8 @@ def steps(first: int, last: int) -> str:
 
 def started(stage: DiagnosisStage, clock: Clock, node: str | None = None, job: str = "job") -> None:
     stage.record_lifecycle(job, LifecycleEvent("started", node, clock.now))
+    if job in stage.jobs:
+        stage.load_lifecycle(job, [])  # nothing more in the database
 
 
 def candidates(stage: DiagnosisStage) -> list[str]:
@@ -63,8 +65,8 @@ def test_a_stall_is_a_hang_only_for_a_job_known_to_be_running(
     stage: DiagnosisStage, clock: Clock
 ) -> None:
     send(stage, steps(1, 5), job="no-events")
-    started(stage, clock, job="running")
     send(stage, steps(1, 5), job="running")
+    started(stage, clock, job="running")
     clock.now += WINDOW - 1
     assert candidates(stage) == []
     clock.now += 1
@@ -77,8 +79,8 @@ def test_a_stall_is_a_hang_only_for_a_job_known_to_be_running(
 
 
 def test_an_unstored_hang_is_found_again_next_round(stage: DiagnosisStage, clock: Clock) -> None:
-    started(stage, clock)
     send(stage, steps(1, 5))
+    started(stage, clock)
     clock.now += WINDOW
     assert stage.hang("job", WINDOW) is not None  # ... and then the database write failed
     clock.now += 30
@@ -88,8 +90,8 @@ def test_an_unstored_hang_is_found_again_next_round(stage: DiagnosisStage, clock
 def test_progress_during_the_store_means_resolve_at_once(
     stage: DiagnosisStage, clock: Clock
 ) -> None:
-    started(stage, clock)
     send(stage, steps(1, 5))
+    started(stage, clock)
     clock.now += WINDOW
     found = stage.hang("job", WINDOW)
     assert found is not None
@@ -101,8 +103,8 @@ def test_progress_during_the_store_means_resolve_at_once(
 def test_a_stored_hang_is_reported_once_then_resolved_by_progress(
     stage: DiagnosisStage, clock: Clock
 ) -> None:
-    started(stage, clock)
     send(stage, steps(1, 5))
+    started(stage, clock)
     clock.now += WINDOW
     verdict, _, since = stage.hang("job", WINDOW) or pytest.fail("no hang")
     assert stage.mark_hung("job", since, verdict)
@@ -118,6 +120,7 @@ def test_a_stored_hang_is_reported_once_then_resolved_by_progress(
 def test_the_hang_itself_does_not_stretch_the_next_window(
     stage: DiagnosisStage, clock: Clock
 ) -> None:
+    send(stage, steps(1, 1))
     started(stage, clock)
     for step in range(1, 6):
         send(stage, steps(step, step))
@@ -132,6 +135,7 @@ def test_the_hang_itself_does_not_stretch_the_next_window(
 
 
 def test_slow_steps_widen_the_window(stage: DiagnosisStage, clock: Clock) -> None:
+    send(stage, steps(1, 1))
     started(stage, clock)
     for step in range(1, 4):
         send(stage, steps(step, step))
@@ -145,8 +149,8 @@ def test_slow_steps_widen_the_window(stage: DiagnosisStage, clock: Clock) -> Non
 def test_a_failure_blocks_hangs_until_a_restart_starts_a_new_attempt(
     stage: DiagnosisStage, clock: Clock
 ) -> None:
-    started(stage, clock)
     send(stage, steps(1, 100) + "torch.OutOfMemoryError: CUDA out of memory.\n")
+    started(stage, clock)
     clock.now += WINDOW
     assert candidates(stage) == []
     started(stage, clock)  # the operator restarted it from the step-50 checkpoint
@@ -159,8 +163,8 @@ def test_a_failure_blocks_hangs_until_a_restart_starts_a_new_attempt(
 
 def test_exits_heartbeats_and_failed_nodes(stage: DiagnosisStage, clock: Clock) -> None:
     for node in ("node-0", "node-1", "node-2"):
-        stage.record_lifecycle("job", LifecycleEvent("heartbeat", node, clock.now))
         send(stage, steps(1, 5), node=node)
+        stage.record_lifecycle("job", LifecycleEvent("heartbeat", node, clock.now))
     stage.record_lifecycle(
         "job", LifecycleEvent("exited", "node-2", clock.now, exit_code=-9, signal="SIGKILL")
     )
@@ -176,8 +180,8 @@ def test_exits_heartbeats_and_failed_nodes(stage: DiagnosisStage, clock: Clock) 
 
 
 def test_an_exit_of_the_whole_job_ends_it(stage: DiagnosisStage, clock: Clock) -> None:
-    started(stage, clock)
     send(stage, steps(1, 5))
+    started(stage, clock)
     stage.record_lifecycle("job", LifecycleEvent("exited", None, clock.now, exit_code=0))
     clock.now += WINDOW
     assert stage.hang("job", WINDOW) is None
@@ -187,6 +191,7 @@ def test_lifecycle_read_from_the_database_counts_and_is_refreshed(
     stage: DiagnosisStage, clock: Clock
 ) -> None:
     send(stage, steps(1, 5))
+    started(stage, clock)  # seen here; another replica may still have seen more
     clock.now += WINDOW
     assert stage.needs_lifecycle("job", WINDOW)
     stage.load_lifecycle("job", [LifecycleEvent("started", None, clock.now - WINDOW)])
@@ -194,3 +199,25 @@ def test_lifecycle_read_from_the_database_counts_and_is_refreshed(
     assert stage.hang("job", WINDOW) is not None
     clock.now += WINDOW
     assert stage.needs_lifecycle("job", WINDOW)
+    stage.load_lifecycle("job", [LifecycleEvent("exited", None, clock.now - 5, exit_code=0)])
+    assert stage.hang("job", WINDOW) is None  # the exit went to another replica
+
+
+def test_every_node_exiting_ends_the_job(stage: DiagnosisStage, clock: Clock) -> None:
+    for node in ("node-0", "node-1"):
+        send(stage, steps(1, 5), node=node)
+    started(stage, clock)
+    for node in ("node-0", "node-1"):
+        stage.record_lifecycle("job", LifecycleEvent("started", node, clock.now))
+    clock.now += 10
+    for node in ("node-0", "node-1"):
+        stage.record_lifecycle("job", LifecycleEvent("exited", node, clock.now, exit_code=0))
+    clock.now += WINDOW
+    stage.load_lifecycle("job", [])
+    assert stage.hang("job", WINDOW) is None
+
+
+def test_a_late_first_started_is_not_a_restart(stage: DiagnosisStage, clock: Clock) -> None:
+    send(stage, steps(1, 5))
+    started(stage, clock)  # the launcher's first word arrives after the shipper's lines
+    assert stage.jobs["job"].progress.last_step == 5
