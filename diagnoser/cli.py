@@ -315,8 +315,10 @@ def main() -> None:
     from diagnoser.diagnosis.console import diagnoses_app
     from diagnoser.evaluation.command import evaluate
     from diagnoser.shipper.command import ship
+    from diagnoser.shipper.run import run
 
     app.command("ship")(ship)
+    app.command("run")(run)
     app.command("eval")(evaluate)
     app.add_typer(diagnoses_app, name="diagnoses")
     try:

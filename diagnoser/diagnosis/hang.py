@@ -241,6 +241,8 @@ def silent_nodes(tails: Sequence[NodeTail], now: float, window_s: float) -> tupl
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{int(seconds)} s"
     minutes = int(seconds // 60)
     if minutes < 120:
         return f"{minutes} min"

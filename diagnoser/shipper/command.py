@@ -77,7 +77,7 @@ def ship(
     no line."""
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     target = StreamTarget(server=server, job=job, node=node, rank=rank, stream=stream)
-    problem = _check_server_url(server) or _check_path(path, follow=follow)
+    problem = check_server_url(server) or _check_path(path, follow=follow)
     if problem:
         raise _fail(console, problem, ExitCode.USAGE)
     policy = UploadPolicy(
@@ -121,7 +121,7 @@ def _fail(console: Console, message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _check_server_url(server: str) -> str | None:
+def check_server_url(server: str) -> str | None:
     try:
         url = httpx.URL(server)
     except httpx.InvalidURL as exc:
