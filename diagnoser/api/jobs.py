@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -112,6 +113,11 @@ async def post_event(job_id: JobId, event: JobEventIn, resources: ResourcesDep) 
     else:
         ts = utcnow()
     await resources.sessions.run(lambda conn: ensure_job(conn, job_id, {}))
+    signal = signal_name(event.exit_code, event.signal)
+    # Told first: a restart settles the old attempt against the events stored before this one.
+    await resources.flow.lifecycle(
+        job_id, LifecycleEvent(event.type.value, event.node, time.time(), event.exit_code, signal)
+    )
     async with resources.sessions.begin() as session:
         job = await session.get(JobRow, job_id)
         assert job is not None
@@ -122,14 +128,10 @@ async def post_event(job_id: JobId, event: JobEventIn, resources: ResourcesDep) 
             node=event.node,
             rank=event.rank,
             exit_code=event.exit_code,
-            signal=signal_name(event.exit_code, event.signal),
+            signal=signal,
             ts=ts,
         )
         session.add(row)
         await session.flush()
         await session.refresh(row)
-    received = row.received_at.timestamp()
-    await resources.flow.lifecycle(
-        job_id, LifecycleEvent(row.type, row.node, received, row.exit_code, row.signal)
-    )
     return row

@@ -15,6 +15,7 @@ The LLM stage plugs in where marked: an inconclusive verdict is stored at once w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections import Counter
@@ -42,6 +43,7 @@ from diagnoser.store.models import DiagnosisRow, utcnow
 logger = logging.getLogger(__name__)
 
 MAX_EVIDENCE = 50
+MAX_SETTLES_BEFORE_RESTART = 3
 CONTEXT_LINES = 5
 
 
@@ -148,18 +150,29 @@ class DiagnosisFlow:
     async def lifecycle(self, job_id: str, event: LifecycleEvent) -> None:
         """A launcher's lifecycle event, told to the live stage.
 
-        On a restart, the old attempt is settled first (a failure it found but had not stored
-        yet is stored now, not wiped with its state), and its open hang is resolved.
+        Called before the event is stored, so the database holds only earlier events. On a
+        restart, the old attempt's open hang is resolved and what it found but had not
+        stored yet is stored; only then does its live state start over. The last check and the
+        reset run without an await between them, so no scanned line falls in between.
         """
+        if self.stage.tracks(job_id) and self.stage.needs_lifecycle(job_id, float("inf")):
+            # What this process has not seen (events before its own restart, or posted to
+            # another replica) decides whether this event is a restart.
+            with contextlib.suppress(Exception):
+                self.stage.load_lifecycle(job_id, await self._lifecycle(job_id))
         if not self.stage.is_restart(job_id, event):
             self.stage.record_lifecycle(job_id, event)
             return
-        await self.settle(job_id)
-        hung = self.stage.is_hung(job_id)
-        self.stage.record_lifecycle(job_id, event)
-        if hung:
+        try:
             async with self._job_lock(job_id):
                 await self._resolve_hang(job_id, "the job was restarted")
+            for _ in range(MAX_SETTLES_BEFORE_RESTART):
+                await self.settle(job_id)
+                if not self.stage.unsettled(job_id):
+                    break
+        except Exception:  # the restart must still begin: the next commit settles again
+            logger.exception("settling job %s before its restart failed", job_id)
+        self.stage.record_lifecycle(job_id, event)
 
     @asynccontextmanager
     async def _job_lock(self, job_id: str) -> AsyncIterator[None]:

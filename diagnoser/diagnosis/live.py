@@ -167,9 +167,14 @@ class DiagnosisStage:
             return False
         return (state.lifecycle or hang.Lifecycle()).is_restart(event)
 
-    def is_hung(self, job_id: str) -> bool:
+    def tracks(self, job_id: str) -> bool:
+        """The job has live state here (it sent logs or events to this process)."""
+        return job_id in self.jobs
+
+    def unsettled(self, job_id: str) -> bool:
+        """Events scanned that the flow has not turned into a verdict yet."""
         state = self.jobs.get(job_id)
-        return state is not None and state.hung_since is not None
+        return state is not None and state.dirty
 
     def needs_lifecycle(self, job_id: str, window_s: float) -> bool:
         """True when the database must be asked whether the job is running: never read yet, or

@@ -75,9 +75,13 @@ class FileFollower:
         *,
         follow: bool,
         notify: Callable[[str], None] = _notify_nothing,
+        known_size: int | None = None,
     ) -> None:
         self.path = path
         self.follow = follow
+        self.known_size = known_size
+        """The file's size before its writer (`diagnoser run`) began appending: `start` compares
+        the server's offset with that, not with a size the new output has already grown."""
         self._notify = notify
         self._segments: list[_Segment] = []
         self._index = 0
@@ -110,7 +114,7 @@ class FileFollower:
             if self.follow:
                 return
             raise
-        size = os.fstat(segment.fd).st_size
+        size = os.fstat(segment.fd).st_size if self.known_size is None else self.known_size
         if size >= committed:
             segment.base, self._position = 0, committed
         else:

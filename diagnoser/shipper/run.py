@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import IO, Annotated
@@ -83,7 +82,9 @@ def run(
     rank: Annotated[int | None, typer.Option("--rank", min=0, help="Rank on the node.")] = None,
     log: Annotated[
         Path | None,
-        typer.Option("--log", help="Local copy of the output [default: diagnoser-JOB-NODE.log]"),
+        typer.Option(
+            "--log", help="Local copy of the output [default: diagnoser-JOB-NODE[-RANK].log]"
+        ),
     ] = None,
     heartbeat_seconds: Annotated[
         float, typer.Option("--heartbeat-seconds", min=1.0, help="Heartbeat interval.")
@@ -91,7 +92,7 @@ def run(
     drain_seconds: Annotated[
         float,
         typer.Option("--drain-seconds", min=0.0, help="How long to keep shipping after exit."),
-    ] = 30.0,
+    ] = 20.0,
     token: Annotated[
         str | None,
         typer.Option("--token", envvar="DIAGNOSER_TOKEN", help="Bearer token.", show_default=False),
@@ -104,56 +105,116 @@ def run(
         console.print(f"[bold red]error:[/] {escape(problem)}")
         raise typer.Exit(2)
     target = StreamTarget(server=server, job=job, node=node, rank=rank)
-    log_path = log or Path(f"diagnoser-{job}-{node}.log")
+    suffix = "" if rank is None else f"-{rank}"
+    log_path = log or Path(f"diagnoser-{job}-{node}{suffix}.log")
+    try:
+        copy = log_path.open("ab")
+    except OSError as exc:
+        console.print(f"[bold red]error:[/] cannot write {log_path}: {exc.strerror or exc}")
+        raise typer.Exit(2) from None
     headers = {"User-Agent": f"diagnoser-run/{__version__}"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    with httpx.Client(headers=headers, timeout=HTTP_TIMEOUT) as http:
+    with copy, httpx.Client(headers=headers, timeout=HTTP_TIMEOUT) as http, _Signals() as signals:
+        known_size = copy.tell()
         lifecycle = Lifecycle(http, target, console)
         lifecycle.post("started")
+        if signals.received is not None:  # stopped before the command even started
+            lifecycle.post("exited", signal_name=signals.received.name)
+            raise typer.Exit(128 + signals.received)
         try:
-            child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            # Its own session: a terminal's Ctrl-C reaches it once, through us, and a stop
+            # reaches every process it started.
+            child = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            )
         except OSError as exc:
             lifecycle.post("exited", exit_code=127)
             console.print(f"[bold red]error:[/] cannot run {escape(command[0])}: {exc.strerror}")
             raise typer.Exit(127) from None
-        assert child.stdout is not None
-        with log_path.open("ab") as copy, _forwarding_signals(child):
-            tee = threading.Thread(target=_tee, args=(child.stdout, copy), daemon=True)
-            tee.start()
-            follower = FileFollower(log_path, follow=True)
-            stop = Stop()
-            progress = Progress(console, live=False)
-            shipper = Shipper(target, follower, http, progress, UploadPolicy(), stop)
-            shipping = threading.Thread(target=_ship, args=(shipper, console), daemon=True)
-            shipping.start()
-            beating = Stop()
-            beats = threading.Thread(
-                target=_heartbeats, args=(lifecycle, heartbeat_seconds, beating), daemon=True
-            )
-            beats.start()
-            status = child.wait()
-            tee.join()
-            beating.set()
-        signal_name = signal.Signals(-status).name if status < 0 else None
-        lifecycle.post("exited", exit_code=status if status >= 0 else None, signal_name=signal_name)
+        signals.forward_to(child)
+        follower = FileFollower(log_path, follow=True, known_size=known_size)
+        # The server may come up after the job: keep asking for the resume offset until drained.
+        shipper = Shipper(
+            target,
+            follower,
+            http,
+            Progress(console, live=False),
+            UploadPolicy(start_timeout_s=FOREVER),
+        )
+        shipping = threading.Thread(target=_ship, args=(shipper, console), daemon=True)
+        shipping.start()
+        status = _supervise(child, copy, lifecycle, console, heartbeat_seconds)
         follower.follow = False  # ship to the end of the file, then stop
         shipping.join(drain_seconds)
-        stop.set()
-        shipping.join(5)
+        shipper.stop.set()
+        shipping.join(SHIPPER_STOP_SECONDS)
         follower.close()
     raise typer.Exit(status if status >= 0 else 128 - status)
 
 
-def _tee(source: IO[bytes], copy: IO[bytes]) -> None:
-    """The command's output to our stdout and to the log file, as it comes."""
-    out = sys.stdout.buffer
+def _supervise(
+    child: subprocess.Popen[bytes],
+    copy: IO[bytes],
+    lifecycle: Lifecycle,
+    console: Console,
+    heartbeat_seconds: float,
+) -> int:
+    """Copy the output and beat the heart until the command ends; then post `exited`."""
+    assert child.stdout is not None
+    tee = threading.Thread(target=_tee, args=(child.stdout, copy, console), daemon=True)
+    tee.start()
+    beating = Stop()
+    beats = threading.Thread(
+        target=_heartbeats, args=(lifecycle, heartbeat_seconds, beating), daemon=True
+    )
+    beats.start()
+    status = child.wait()
+    beating.set()
+    # A process the command left behind may hold the pipe open: do not wait for it long.
+    tee.join(TEE_GRACE_SECONDS)
+    exit_code, signal_name = _exit_fields(status)
+    lifecycle.post("exited", exit_code=exit_code, signal_name=signal_name)
+    return status
+
+
+FOREVER = 10.0**9
+TEE_GRACE_SECONDS = 2.0
+SHIPPER_STOP_SECONDS = 2.0
+
+
+def _exit_fields(status: int) -> tuple[int | None, str | None]:
+    """`exited` fields for a return code: the code, or the signal that ended the command."""
+    if status >= 0:
+        return status, None
+    try:
+        return None, signal.Signals(-status).name
+    except ValueError:  # a real-time signal has no name
+        return None, f"SIG{-status}"
+
+
+def _tee(source: IO[bytes], copy: IO[bytes], console: Console) -> None:
+    """The command's output to our stdout and to the log file, as it comes.
+
+    Reading never stops while the command writes: a full disk or a closed stdout loses that
+    copy (with one warning), never blocks the training on a full pipe.
+    """
+    out = sys.stdout.buffer if sys.stdout is not None else None
+    to_file = True
     while data := os.read(source.fileno(), CHUNK_BYTES):
-        copy.write(data)
-        copy.flush()
-        with contextlib.suppress(OSError):  # a closed stdout must not stop the copy
-            out.write(data)
-            out.flush()
+        if to_file:
+            try:
+                copy.write(data)
+                copy.flush()
+            except OSError as exc:
+                to_file = False
+                console.print(f"[yellow]warning:[/] the log copy stopped: {exc}; not shipped")
+        if out is not None:
+            try:
+                out.write(data)
+                out.flush()
+            except (OSError, ValueError):
+                out = None
 
 
 def _ship(shipper: Shipper, console: Console) -> None:
@@ -168,21 +229,37 @@ def _heartbeats(lifecycle: Lifecycle, interval: float, stop: Stop) -> None:
         lifecycle.post("heartbeat")
 
 
-@contextlib.contextmanager
-def _forwarding_signals(child: subprocess.Popen[bytes]) -> Iterator[None]:
-    """SIGINT / SIGTERM to this wrapper go to the command, which decides how to stop."""
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.getsignal(sig) for sig in signals}
+class _Signals:
+    """SIGINT / SIGTERM: remembered before the command starts, passed on to its process group
+    once it runs (the command decides how to stop)."""
 
-    def forward(signum: int, frame: FrameType | None) -> None:
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self._child: subprocess.Popen[bytes] | None = None
+        self._previous: dict[int, object] = {}
+
+    def forward_to(self, child: subprocess.Popen[bytes]) -> None:
+        self._child = child
+        if self.received is not None:
+            self._send(self.received)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         del frame
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
+        self.received = signal.Signals(signum)
+        if self._child is not None:
+            self._send(self.received)
 
-    for sig in signals:
-        signal.signal(sig, forward)
-    try:
-        yield
-    finally:
-        for sig in signals:
-            signal.signal(sig, previous[sig])
+    def _send(self, sig: signal.Signals) -> None:
+        assert self._child is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._child.pid, sig)
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]

@@ -234,3 +234,26 @@ def test_lifecycle_posted_before_a_service_restart_is_read_back(fresh_env: dict[
         assert job_diagnoses(after, "no-events") == []
     finally:
         after.stop()
+
+
+def test_a_relaunch_after_a_service_restart_still_resolves_the_old_hang(
+    fresh_env: dict[str, str],
+) -> None:
+    before = ServiceProcess(env=fresh_env)
+    before.start()
+    try:
+        event(before, "relaunched", "started")
+        send(before, "relaunched", "node-0", steps(1, 5))
+        hang = wait_for(lambda: job_diagnoses(before, "relaunched"), bool)[0]
+    finally:
+        before.stop()
+    after = ServiceProcess(env=fresh_env)
+    after.start()
+    try:
+        send(after, "relaunched", "node-0", steps(1, 2))  # the new attempt's first lines
+        event(after, "relaunched", "started")
+        found = job_diagnoses(after, "relaunched")
+        assert [(d["id"], d["status"]) for d in found] == [(hang["id"], "resolved")]
+        assert "Resolved: the job was restarted" in str(found[0]["summary"])
+    finally:
+        after.stop()

@@ -5,6 +5,7 @@ Each test runs the real CLI in a subprocess against a real service over HTTP.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -111,3 +112,32 @@ def test_an_unreachable_service_never_stops_the_training(tmp_path: Path) -> None
     assert result.stdout.count("iteration") == 5
     assert (tmp_path / "out.log").read_text().count("iteration") == 5
     assert "could not post `started`" in result.stderr
+
+
+def test_a_new_log_file_after_an_earlier_attempt_loses_no_line(
+    service: ServiceProcess, tmp_path: Path
+) -> None:
+    script = "for i in range(20000): print(f'iteration {i} | lm loss: 2.41', flush=(i % 500 == 0))"
+    for attempt in ("first", "second"):
+        result = run_diagnoser(
+            *wrapper(service.base_url, "two-attempts", tmp_path / f"{attempt}.log"),
+            sys.executable, "-c", script,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    assert lines_received(service, "two-attempts") == 40000
+
+
+def test_a_process_left_holding_the_output_does_not_hold_the_wrapper(
+    service: ServiceProcess, tmp_path: Path
+) -> None:
+    script = "import subprocess; print(subprocess.Popen(['sleep', '60']).pid, flush=True)"
+    result = run_diagnoser(
+        *wrapper(service.base_url, "leftover", tmp_path / "out.log"), sys.executable, "-c", script
+    )
+    leftover = int(result.stdout.split()[0])
+    try:
+        assert result.returncode == 0, result.stderr
+        os.kill(leftover, 0)  # still alive: the wrapper returned without waiting for it
+        assert [(e["type"], e["exit_code"]) for e in exits(service, "leftover")] == [("exited", 0)]
+    finally:
+        os.kill(leftover, signal.SIGKILL)
