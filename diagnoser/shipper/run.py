@@ -40,6 +40,11 @@ from diagnoser.shipper.follow import CHUNK_BYTES, FileFollower
 from diagnoser.shipper.progress import Progress
 
 EVENT_TIMEOUT = httpx.Timeout(5.0)
+FOREVER = 10.0**9
+"""How long an absent server is waited for at start: until the drain after exit stops it."""
+TEE_GRACE_SECONDS = 2.0
+"""How long output is still read after the command exits (a left-over process may hold it)."""
+SHIPPER_STOP_SECONDS = 2.0
 
 
 class Lifecycle:
@@ -176,11 +181,6 @@ def _supervise(
     exit_code, signal_name = _exit_fields(status)
     lifecycle.post("exited", exit_code=exit_code, signal_name=signal_name)
     return status
-
-
-FOREVER = 10.0**9
-TEE_GRACE_SECONDS = 2.0
-SHIPPER_STOP_SECONDS = 2.0
 
 
 def _exit_fields(status: int) -> tuple[int | None, str | None]:
