@@ -89,9 +89,13 @@ def frame_file(handle: BinaryIO) -> Iterator[LineBatch]:
 
 
 def scan(
-    logs: Sequence[NodeLog], ruleset: RuleSet, tails: list[NodeTail] | None = None
+    logs: Sequence[NodeLog],
+    ruleset: RuleSet,
+    tails: list[NodeTail] | None = None,
+    progress: Progress | None = None,
 ) -> list[RuleEvent]:
-    """Rule events of every file; `tails`, when given, receives each file's last lines."""
+    """Rule events of every file; `tails` receives each file's last lines and `progress` sees
+    every batch, when given (the hang check needs both)."""
     scanner = JobScanner(ruleset)
     events: list[RuleEvent] = []
     for log in logs:
@@ -99,6 +103,8 @@ def scan(
         with log.path.open("rb") as handle:
             for batch in frame_file(handle):
                 events.extend(scanner.feed(log.node, None, batch, 0.0))
+                if progress is not None:
+                    progress.observe(batch)
                 start = max(0, len(batch.lines) - TAIL_LINES)
                 last.extend(
                     TailLine(batch.lines[i], batch.first_line_no + i, batch.start_of(i))
@@ -118,21 +124,14 @@ def diagnose(
     hang_timeout: float = DEFAULT_TIMEOUT_S,
 ) -> OfflineResult:
     tails: list[NodeTail] = []
-    verdict = correlate(scan(logs, ruleset, tails), ruleset, [log.node for log in logs])
+    progress = Progress()
+    events = scan(logs, ruleset, tails, progress)
+    verdict = correlate(events, ruleset, [log.node for log in logs])
     if (
         verdict.status is Status.HEALTHY
         and stalled_for is not None
         and stalled_for >= hang_timeout
         and not finished(tails)
     ):
-        verdict = hang_verdict(stalled_for, tails, _progress(logs))
+        verdict = hang_verdict(stalled_for, tails, progress.as_record())
     return OfflineResult(verdict, {log.node: log.path for log in logs})
-
-
-def _progress(logs: Sequence[NodeLog]) -> dict[str, int] | None:
-    progress = Progress()
-    for log in logs:
-        with log.path.open("rb") as handle:
-            for batch in frame_file(handle):
-                progress.observe(batch)
-    return progress.as_record()
