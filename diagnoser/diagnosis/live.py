@@ -116,7 +116,7 @@ class DiagnosisStage:
         state.nodes.add(key.node)
         if batch.lines:
             self._observe_time(state, key.node, batch, now, step)
-        events = state.scanner.feed(key.node, key.rank, batch, self.clock())
+        events = state.scanner.feed(key.node, key.rank, batch, now)
         if events:
             state.add(events)
             self.events_by_rule.update(event.rule_id for event in events)
@@ -207,7 +207,8 @@ class DiagnosisStage:
 
     def stall_candidates(self, timeout_s: float) -> list[tuple[str, float]]:
         """(job, window) for every job whose stall has outlasted its window and that nothing
-        else explains yet: no failure, no unsettled events, not already reported or dismissed."""
+        else explains yet: no failure, no unsettled events, not reported already, and not
+        already found not to be a hang (job not running, or finished)."""
         now = self.clock()
         found = []
         for job_id, state in self.jobs.items():
