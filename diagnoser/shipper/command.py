@@ -38,17 +38,28 @@ from diagnoser.shipper.progress import Progress
 HTTP_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=30.0, pool=5.0)
 
 
+ServerOption = Annotated[
+    str, typer.Option("--server", help="Base URL of the diagnoser service.", show_default=False)
+]
+JobOption = Annotated[str, typer.Option("--job", help="Training job id.", show_default=False)]
+NodeOption = Annotated[str, typer.Option("--node", help="Node (host) name.", show_default=False)]
+RankOption = Annotated[int | None, typer.Option("--rank", min=0, help="Rank on the node.")]
+TokenOption = Annotated[
+    str | None,
+    typer.Option("--token", envvar="DIAGNOSER_TOKEN", help="Bearer token.", show_default=False),
+]
+"""Options `ship` and `run` share: where the stream goes and how to authenticate."""
+
+
 def ship(
     path: Annotated[
         str,
         typer.Argument(metavar="PATH|-", help="Log file to ship, or - for standard input."),
     ],
-    server: Annotated[
-        str, typer.Option("--server", help="Base URL of the diagnoser service.", show_default=False)
-    ],
-    job: Annotated[str, typer.Option("--job", help="Training job id.", show_default=False)],
-    node: Annotated[str, typer.Option("--node", help="Node (host) name.", show_default=False)],
-    rank: Annotated[int | None, typer.Option("--rank", min=0, help="Rank on the node.")] = None,
+    server: ServerOption,
+    job: JobOption,
+    node: NodeOption,
+    rank: RankOption = None,
     stream: Annotated[
         str | None, typer.Option("--stream", help="Stream id (default: NODE, or NODE/RANK).")
     ] = None,
@@ -58,10 +69,7 @@ def ship(
             "--follow", "-f", help="Follow like tail -F until SIGINT/SIGTERM; else stop at EOF."
         ),
     ] = False,
-    token: Annotated[
-        str | None,
-        typer.Option("--token", envvar="DIAGNOSER_TOKEN", help="Bearer token.", show_default=False),
-    ] = None,
+    token: TokenOption = None,
     max_request_mib: Annotated[
         float, typer.Option("--max-request-mib", min=0.0625, help="Bytes per upload request.")
     ] = 8.0,

@@ -35,7 +35,15 @@ from rich.markup import escape
 
 from diagnoser import __version__
 from diagnoser.shipper.client import ShipError, Shipper, Stop, StreamTarget, UploadPolicy
-from diagnoser.shipper.command import HTTP_TIMEOUT, check_server_url
+from diagnoser.shipper.command import (
+    HTTP_TIMEOUT,
+    JobOption,
+    NodeOption,
+    RankOption,
+    ServerOption,
+    TokenOption,
+    check_server_url,
+)
 from diagnoser.shipper.follow import CHUNK_BYTES, FileFollower
 from diagnoser.shipper.progress import Progress
 
@@ -47,7 +55,7 @@ TEE_GRACE_SECONDS = 2.0
 SHIPPER_STOP_SECONDS = 2.0
 
 
-class Lifecycle:
+class EventPoster:
     """Posts the command's lifecycle events; a failure is reported once per kind and ignored."""
 
     def __init__(self, http: httpx.Client, target: StreamTarget, console: Console) -> None:
@@ -79,12 +87,10 @@ def run(
     command: Annotated[
         list[str], typer.Argument(help="The training command, after --.", show_default=False)
     ],
-    server: Annotated[
-        str, typer.Option("--server", help="Base URL of the diagnoser service.", show_default=False)
-    ],
-    job: Annotated[str, typer.Option("--job", help="Training job id.", show_default=False)],
-    node: Annotated[str, typer.Option("--node", help="Node (host) name.", show_default=False)],
-    rank: Annotated[int | None, typer.Option("--rank", min=0, help="Rank on the node.")] = None,
+    server: ServerOption,
+    job: JobOption,
+    node: NodeOption,
+    rank: RankOption = None,
     log: Annotated[
         Path | None,
         typer.Option(
@@ -98,10 +104,7 @@ def run(
         float,
         typer.Option("--drain-seconds", min=0.0, help="How long to keep shipping after exit."),
     ] = 20.0,
-    token: Annotated[
-        str | None,
-        typer.Option("--token", envvar="DIAGNOSER_TOKEN", help="Bearer token.", show_default=False),
-    ] = None,
+    token: TokenOption = None,
 ) -> None:
     """Run a training command: ship its output and post started / heartbeat / exited."""
     console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -122,7 +125,7 @@ def run(
         headers["Authorization"] = f"Bearer {token}"
     with copy, httpx.Client(headers=headers, timeout=HTTP_TIMEOUT) as http, _Signals() as signals:
         known_size = copy.tell()
-        lifecycle = Lifecycle(http, target, console)
+        lifecycle = EventPoster(http, target, console)
         lifecycle.post("started")
         if signals.received is not None:  # stopped before the command even started
             lifecycle.post("exited", signal_name=signals.received.name)
@@ -161,7 +164,7 @@ def run(
 def _supervise(
     child: subprocess.Popen[bytes],
     copy: IO[bytes],
-    lifecycle: Lifecycle,
+    lifecycle: EventPoster,
     console: Console,
     heartbeat_seconds: float,
 ) -> int:
@@ -224,7 +227,7 @@ def _ship(shipper: Shipper, console: Console) -> None:
         console.print(f"[yellow]warning:[/] shipping stopped: {escape(str(exc))}")
 
 
-def _heartbeats(lifecycle: Lifecycle, interval: float, stop: Stop) -> None:
+def _heartbeats(lifecycle: EventPoster, interval: float, stop: Stop) -> None:
     while not stop.wait(interval):
         lifecycle.post("heartbeat")
 
