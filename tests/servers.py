@@ -206,3 +206,16 @@ def run_diagnoser(
         env=None if env is None else {**os.environ, **env},
         cwd=cwd,
     )
+
+
+def post_text(service: ServiceProcess, job: str, node: str, text: str) -> dict[str, object]:
+    """One plain-text log upload for `node` of `job`; asserts it was accepted, returns the body."""
+    response = httpx.post(
+        f"{service.base_url}/v1/jobs/{job}/logs",
+        params={"node": node},
+        content=text.encode(),
+        headers={"Content-Type": "text/plain"},
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, object] = response.json()
+    return body

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import backend_env, run_service
 from tests.servers import ServiceProcess
+from tests.servers import post_text as send
 
 TEXT = {"Content-Type": "text/plain"}
 TIMEOUT = (
@@ -40,18 +41,6 @@ def service(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServiceProcess]:
     yield from run_service(backend_env(request, tmp_path_factory.mktemp("data")))
-
-
-def send(service: ServiceProcess, job: str, node: str, text: str) -> dict[str, object]:
-    response = httpx.post(
-        f"{service.base_url}/v1/jobs/{job}/logs",
-        params={"node": node},
-        content=text.encode(),
-        headers=TEXT,
-    )
-    assert response.status_code == 200, response.text
-    body: dict[str, object] = response.json()
-    return body
 
 
 def send_ranks(service: ServiceProcess, job: str, nodes: int = 8) -> None:

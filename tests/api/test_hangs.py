@@ -16,9 +16,9 @@ import pytest
 
 from tests.conftest import backend_env, run_service
 from tests.servers import ServiceProcess
+from tests.servers import post_text as send
 
 WINDOW_S = 2.0
-TEXT = {"Content-Type": "text/plain"}
 
 
 def steps(first: int, last: int) -> str:
@@ -36,16 +36,6 @@ def service(
     env["DIAGNOSER_HANG__TIMEOUT_S"] = str(WINDOW_S)
     env["DIAGNOSER_HANG__CHECK_INTERVAL_S"] = "0.2"
     yield from run_service(env)
-
-
-def send(service: ServiceProcess, job: str, node: str, text: str) -> None:
-    response = httpx.post(
-        f"{service.base_url}/v1/jobs/{job}/logs",
-        params={"node": node},
-        content=text.encode(),
-        headers=TEXT,
-    )
-    assert response.status_code == 200, response.text
 
 
 def event(service: ServiceProcess, job: str, kind: str, **fields: object) -> None:
