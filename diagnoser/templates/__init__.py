@@ -1,0 +1,1 @@
+"""Online template mining, the learned filter set and the compressed log (the Log Agent)."""
