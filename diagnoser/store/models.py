@@ -200,3 +200,40 @@ class FilterSetRow(Base):
     jobs_seen: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     validated_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class LlmVerdictRow(Base):
+    """The LLM's vote on one question (masked trace + model + prompt version), asked once.
+
+    A `pending` row is a claim: the replica that wrote it is asking; the others wait for it to
+    become `done`, or take it over once `claimed_at` is older than the lease.
+    """
+
+    __tablename__ = "llm_verdicts"
+
+    fingerprint: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(253))
+    prompt_version: Mapped[str] = mapped_column(String(64))
+    verdict: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    claimed_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class EscalationRow(Base):
+    """A diagnosis handed to the LLM stage; persisted so a restart resumes what was pending."""
+
+    __tablename__ = "escalations"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    diagnosis_id: Mapped[str] = mapped_column(
+        ForeignKey("diagnoses.id", ondelete="CASCADE"), index=True
+    )
+    job_id: Mapped[str] = mapped_column(String(253))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    trace: Mapped[dict[str, Any]] = mapped_column(Json)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
