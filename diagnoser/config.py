@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 SQLITE_FILE_NAME = "diagnoser.db"
 SOURCE_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 """The shipped pack in a source checkout; containers set DIAGNOSER_RULES_DIR instead."""
+SOURCE_PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
 
 class DbSettings(BaseModel):
@@ -37,6 +38,17 @@ class LlmSettings(BaseModel):
     api_key: SecretStr | None = None
     timeout_s: float = Field(default=30.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
+    samples: int = Field(default=5, ge=1, le=20)
+    """k: answers sampled per escalation (self-consistency), each a seeded request."""
+    temperature: float = Field(default=0.7, ge=0, le=2)
+    min_agreement: float = Field(default=0.8, gt=0, le=1)
+    """Share of the k samples the winning answer needs; below it a human decides."""
+    prompt_version: str = Field(default="diagnose.v1", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    prompts_dir: Path = SOURCE_PROMPTS_DIR
+    workers: int = Field(default=2, ge=1, le=64)
+    queue_size: int = Field(default=256, ge=1)
+    redact_patterns: list[str] = Field(default_factory=list)
+    """Extra regexes whose matches are removed before text leaves for the LLM."""
 
     @property
     def enabled(self) -> bool:

@@ -18,9 +18,9 @@ from typing import Any
 import jinja2
 import regex
 
+from diagnoser.config import SOURCE_PROMPTS_DIR
 from diagnoser.llm.answer import Answer, TraceLines
 
-SOURCE_PROMPTS_DIR = Path(__file__).resolve().parent.parent.parent / "prompts"
 DIAGNOSE_PROMPT = "diagnose.v1"
 MAX_LINE_CHARS = 2000
 

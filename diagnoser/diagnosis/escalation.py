@@ -1,0 +1,216 @@
+"""The LLM stage's worker: escalations are persisted, queued, asked once, and applied by the flow.
+
+Ingest never waits for it. `submit` writes the escalation (its redacted trace included) and
+queues its id without blocking; a full queue leaves it pending in the database, where the sweep
+finds it, as it finds everything pending after a restart. A worker asks the LLM through the
+verdict cache (one round of k calls per fingerprint, across replicas), then hands the verdict
+to the flow, which alone decides what it changes in the diagnosis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from diagnoser.config import LlmSettings
+from diagnoser.diagnosis.trace import Trace
+from diagnoser.llm.answer import Abstention
+from diagnoser.llm.cache import Outcome, VerdictCache
+from diagnoser.llm.client import LlmClient
+from diagnoser.llm.prompt import PromptLine, Prompts
+from diagnoser.llm.redaction import Redactor
+from diagnoser.llm.sampling import Asked, ask
+from diagnoser.store.database import Sessions
+from diagnoser.store.escalations import add_escalation, finish_escalation, pending_escalations
+from diagnoser.store.models import EscalationRow
+
+logger = logging.getLogger(__name__)
+
+SWEEP_INTERVAL_S = 30.0
+
+ApplyVerdict = Callable[[str, str, dict[str, Any]], Awaitable[None]]
+"""(diagnosis_id, job_id, verdict record) -> None: the flow's `apply_llm`."""
+
+
+@dataclass
+class LlmCounts:
+    """What /metrics exports about the LLM stage."""
+
+    calls_ok: int = 0
+    calls_failed: int = 0
+    cached: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    escalations: int = 0
+    agreement: list[float] | None = None
+
+    def observe(self, asked: Asked) -> None:
+        failed = sum(1 for s in asked.samples if isinstance(s, Abstention) and _transport(s))
+        self.calls_failed += failed
+        self.calls_ok += asked.calls - failed
+        self.tokens_in += asked.tokens_in
+        self.tokens_out += asked.tokens_out
+        if self.agreement is None:
+            self.agreement = []
+        self.agreement.append(asked.verdict.confidence)
+        del self.agreement[:-1000]
+
+
+def _transport(abstention: Abstention) -> bool:
+    return abstention.reason.startswith(("HTTP", "APITimeoutError", "APIConnectionError"))
+
+
+def record(asked: Asked, trace: Trace, settings: LlmSettings) -> dict[str, Any]:
+    """The verdict as stored with the diagnosis: the vote, its evidence lines, and its cost."""
+    verdict = asked.verdict
+    by_number = {line.number: line for line in trace.lines}
+    return {
+        "decided": verdict.decided,
+        "category": verdict.category.value if verdict.category else None,
+        "action": verdict.action.value,
+        "failure_type": verdict.failure_type,
+        "culprit_nodes": list(verdict.culprit_nodes),
+        "summary": verdict.summary,
+        "mitigation": verdict.mitigation,
+        "confidence": verdict.confidence,
+        "votes": verdict.votes,
+        "k": settings.samples,
+        "asked": verdict.asked,
+        "min_agreement": settings.min_agreement,
+        "abstentions": [s.reason for s in asked.samples if isinstance(s, Abstention)][:10],
+        "evidence": [
+            {"line": n, "node": by_number[n].node, "text": by_number[n].text}
+            for n in verdict.evidence
+            if n in by_number
+        ],
+        "model": settings.model,
+        "prompt_version": settings.prompt_version,
+        "output_mode": asked.mode,
+        "tokens_in": asked.tokens_in,
+        "tokens_out": asked.tokens_out,
+        "latency_s": round(asked.latency_s, 3),
+    }
+
+
+class Escalator:
+    def __init__(
+        self,
+        sessions: Sessions,
+        client: LlmClient,
+        cache: VerdictCache,
+        settings: LlmSettings,
+        apply: ApplyVerdict,
+        prompts: Prompts | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.client = client
+        self.cache = cache
+        self.settings = settings
+        self.apply = apply
+        self.prompts = prompts or Prompts(settings.prompts_dir)
+        self.redactor = Redactor(settings.redact_patterns)
+        self.counts = LlmCounts()
+        self.queue: asyncio.Queue[int] = asyncio.Queue(settings.queue_size)
+        self._queued: set[int] = set()
+
+    async def submit(self, diagnosis_id: str, trace: Trace) -> int:
+        """Persist and queue an escalation; never blocks on the LLM."""
+        safe = self.redact(trace)
+        fingerprint = safe.fingerprint(self.settings.model, self.settings.prompt_version)
+        async with self.sessions.begin() as session:
+            row = await add_escalation(
+                session, diagnosis_id, safe.job_id, fingerprint, safe.to_json()
+            )
+            escalation_id = row.id
+        self.counts.escalations += 1
+        self._enqueue(escalation_id)
+        return escalation_id
+
+    def redact(self, trace: Trace) -> Trace:
+        lines = tuple(
+            PromptLine(ln.number, ln.node, ln.rank, self.redactor.redact(ln.text).text, ln.count)
+            for ln in trace.lines
+        )
+        return Trace(trace.job_id, lines, trace.nodes, trace.dropped)
+
+    async def run(self) -> None:
+        """Workers plus the sweep of pending escalations (at start: what a restart left)."""
+        async with asyncio.TaskGroup() as group:
+            for _ in range(self.settings.workers):
+                group.create_task(self._work())
+            group.create_task(self._sweep())
+
+    async def handle(self, escalation_id: int) -> None:
+        async with self.sessions.begin() as session:
+            row = await session.get(EscalationRow, escalation_id)
+            if row is None or row.state != "pending":
+                return
+            diagnosis_id, job_id = row.diagnosis_id, row.job_id
+            fingerprint, trace = row.fingerprint, Trace.from_json(row.trace)
+        try:
+            messages = self.prompts.diagnose(
+                job_id, trace.lines, version=self.settings.prompt_version
+            )
+
+            async def ask_llm() -> Outcome:
+                asked = await ask(
+                    self.client,
+                    messages,
+                    trace.checkable,
+                    k=self.settings.samples,
+                    min_agreement=self.settings.min_agreement,
+                    temperature=self.settings.temperature,
+                )
+                self.counts.observe(asked)
+                reached = asked.calls > 0 and not all(
+                    isinstance(s, Abstention) and _transport(s) for s in asked.samples
+                )
+                return Outcome(record(asked, trace, self.settings), cacheable=reached)
+
+            result = await self.cache.get_or_ask(
+                fingerprint, self.settings.model, self.settings.prompt_version, ask_llm
+            )
+            if result.cached:
+                self.counts.cached += 1
+            await self.apply(diagnosis_id, job_id, result.verdict)
+        except Exception as exc:
+            logger.exception("escalation %s failed", escalation_id)
+            async with self.sessions.begin() as session:
+                await finish_escalation(session, escalation_id, "failed", repr(exc)[:500])
+            return
+        async with self.sessions.begin() as session:
+            await finish_escalation(session, escalation_id, "done")
+
+    def _enqueue(self, escalation_id: int) -> None:
+        if escalation_id in self._queued:
+            return
+        try:
+            self.queue.put_nowait(escalation_id)
+        except asyncio.QueueFull:
+            return  # stays pending in the database; the sweep queues it later
+        self._queued.add(escalation_id)
+
+    async def _work(self) -> None:
+        while True:
+            escalation_id = await self.queue.get()
+            try:
+                await self.handle(escalation_id)
+            except Exception:
+                logger.exception("escalation worker failed on %s", escalation_id)
+            finally:
+                self._queued.discard(escalation_id)
+
+    async def _sweep(self) -> None:
+        while True:
+            try:
+                async with self.sessions.begin() as session:
+                    rows = await pending_escalations(session, self.settings.queue_size)
+                    ids = [row.id for row in rows]
+                for escalation_id in ids:
+                    self._enqueue(escalation_id)
+            except Exception:
+                logger.exception("sweep of pending escalations failed")
+            await asyncio.sleep(SWEEP_INTERVAL_S)
