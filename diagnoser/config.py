@@ -41,8 +41,13 @@ class DbSettings(BaseModel):
 
 class RedisSettings(BaseModel):
     url: str | None = None
-    """Optional; without it everything runs in-process."""
+    """Optional; without it everything runs in-process. Empty means unset, as compose passes it."""
     socket_timeout_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _empty_is_unset(cls, url: str | None) -> str | None:
+        return url or None
 
 
 class LlmSettings(BaseModel):

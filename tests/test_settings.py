@@ -33,7 +33,11 @@ def flat(text: str) -> str:
     ("variable", "value", "feature"),
     [
         ("DIAGNOSER_AUTH__ENABLED", "true", "authentication is not implemented yet"),
-        ("DIAGNOSER_ACTIONS__DRY_RUN", "false", "executing recovery actions is not implemented yet"),
+        (
+            "DIAGNOSER_ACTIONS__DRY_RUN",
+            "false",
+            "executing recovery actions is not implemented yet",
+        ),
     ],
 )
 def test_serve_refuses_a_setting_for_a_feature_not_built(
