@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import ServiceProcess, run_diagnoser
+from tests.servers import ServiceProcess, free_port, run_diagnoser
 
 
 def diagnoser(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -43,7 +43,8 @@ def flat(text: str) -> str:
 def test_serve_refuses_a_setting_for_a_feature_not_built(
     tmp_path: Path, variable: str, value: str, feature: str
 ) -> None:
-    result = diagnoser("serve", "--data-dir", str(tmp_path), env={variable: value})
+    port = str(free_port())
+    result = diagnoser("serve", "--data-dir", str(tmp_path), "--port", port, env={variable: value})
     assert result.returncode == 2
     line = one_error_line(result)
     assert line.startswith(f"error: {variable}: {feature}")
