@@ -107,7 +107,12 @@ def serve(
     data_dir: DataDirOption = None,
     database_url: DatabaseUrlOption = None,
 ) -> None:
-    """Run the HTTP service (embedded SQLite by default; no Redis or LLM needed)."""
+    """Run the HTTP service (embedded SQLite by default; no Redis or LLM needed).
+
+    Unauthenticated (no auth yet): anyone who reaches the port can post logs and read diagnoses.
+
+    Listen on loopback or a trusted network, or put an authenticating proxy in front.
+    """
     import uvicorn
 
     from diagnoser.app import create_app

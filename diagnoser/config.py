@@ -8,13 +8,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 SQLITE_FILE_NAME = "diagnoser.db"
 SOURCE_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
 """The shipped pack in a source checkout; containers set DIAGNOSER_RULES_DIR instead."""
 SOURCE_PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
+PACKAGED_PROMPTS_DIR = Path(__file__).resolve().parent / "llm" / "prompts"
+PACKAGED_RULES_DIR = Path(__file__).resolve().parent / "rules" / "pack"
+"""The copy of the same pack that a built wheel carries (setup.py puts it there)."""
+
+
+def default_rules_dir() -> Path:
+    """The source tree's pack when running from a checkout, else the installed package's copy.
+
+    A checkout is recognised by its pyproject.toml too: an installed diagnoser sits beside
+    whatever else is in site-packages, which may well include a directory named `rules`.
+    """
+    checkout = SOURCE_RULES_DIR.parent
+    if (checkout / "pyproject.toml").is_file() and SOURCE_RULES_DIR.is_dir():
+        return SOURCE_RULES_DIR
+    return PACKAGED_RULES_DIR
+
+
+def default_prompts_dir() -> Path:
+    """Like the rule pack: the checkout's `prompts/`, else the installed package's copy."""
+    if (SOURCE_PROMPTS_DIR.parent / "pyproject.toml").is_file() and SOURCE_PROMPTS_DIR.is_dir():
+        return SOURCE_PROMPTS_DIR
+    return PACKAGED_PROMPTS_DIR
 
 
 class DbSettings(BaseModel):
@@ -27,8 +50,13 @@ class DbSettings(BaseModel):
 
 class RedisSettings(BaseModel):
     url: str | None = None
-    """Optional; without it everything runs in-process."""
+    """Optional; without it everything runs in-process. Empty means unset, as compose passes it."""
     socket_timeout_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _empty_is_unset(cls, url: str | None) -> str | None:
+        return url or None
 
 
 class LlmSettings(BaseModel):
@@ -44,7 +72,7 @@ class LlmSettings(BaseModel):
     min_agreement: float = Field(default=0.8, gt=0, le=1)
     """Share of the k samples the winning answer needs; below it a human decides."""
     prompt_version: str = Field(default="diagnose.v1", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    prompts_dir: Path = SOURCE_PROMPTS_DIR
+    prompts_dir: Path = Field(default_factory=default_prompts_dir)
     workers: int = Field(default=2, ge=1, le=64)
     queue_size: int = Field(default=256, ge=1)
     redact_patterns: list[str] = Field(default_factory=list)
@@ -69,14 +97,43 @@ class IngestSettings(BaseModel):
     """Ingest requests in flight at once; beyond it clients get 429 with Retry-After."""
 
 
+NOT_IMPLEMENTED = "not_implemented"
+"""Error type of a setting that names a feature that does not exist yet."""
+
+
 class AuthSettings(BaseModel):
     enabled: bool = False
-    """Role-based bearer-token auth; off for the embedded single-user default."""
+    """Reserved for role-based bearer-token auth, which is not built yet: the service is
+    unauthenticated. `true` is refused, so nobody believes a service is protected when it is not."""
+
+    @field_validator("enabled")
+    @classmethod
+    def _refuse_enabled(cls, enabled: bool) -> bool:
+        if enabled:
+            raise PydanticCustomError(
+                NOT_IMPLEMENTED,
+                "authentication is not implemented yet: the service answers every request "
+                "unauthenticated; unset this variable and keep the service on a trusted network "
+                "or behind an authenticating proxy",
+            )
+        return enabled
 
 
 class ActionSettings(BaseModel):
     dry_run: bool = True
-    """Recovery actions are recorded but not executed until an operator is configured."""
+    """Recovery actions are only recorded (for an operator to claim), never executed by the
+    service: that is the only mode there is, so `false` is refused rather than ignored."""
+
+    @field_validator("dry_run")
+    @classmethod
+    def _refuse_execution(cls, dry_run: bool) -> bool:
+        if not dry_run:
+            raise PydanticCustomError(
+                NOT_IMPLEMENTED,
+                "executing recovery actions is not implemented yet: actions are only recorded "
+                "for an operator to claim; unset this variable",
+            )
+        return dry_run
 
 
 class HangSettings(BaseModel):
@@ -100,7 +157,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     log_level: str = "info"
-    rules_dir: Path = SOURCE_RULES_DIR
+    rules_dir: Path = Field(default_factory=default_rules_dir)
     """The rule pack (`rules/*.yaml`): validated at start, watched and hot-reloaded."""
     rules_watch: bool = True
     """Reload the pack when its files change (POST /v1/rules/reload works either way)."""

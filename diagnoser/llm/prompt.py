@@ -18,7 +18,7 @@ from typing import Any
 import jinja2
 import regex
 
-from diagnoser.config import SOURCE_PROMPTS_DIR
+from diagnoser.config import default_prompts_dir
 from diagnoser.llm.answer import Answer, TraceLines
 
 DIAGNOSE_PROMPT = "diagnose.v1"
@@ -77,9 +77,9 @@ def trace_of(lines: Sequence[PromptLine], job_nodes: frozenset[str]) -> TraceLin
 
 
 class Prompts:
-    def __init__(self, directory: Path = SOURCE_PROMPTS_DIR) -> None:
+    def __init__(self, directory: Path | None = None) -> None:
         self._env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(directory),
+            loader=jinja2.FileSystemLoader(directory or default_prompts_dir()),
             undefined=jinja2.StrictUndefined,
             autoescape=False,
             keep_trailing_newline=False,

@@ -3,7 +3,8 @@
 Exit codes: 0 done (or stopped by SIGINT/SIGTERM after finishing the in-flight request);
 1 the server rejected the upload for good, or the file could not be read mid-way;
 2 bad usage: unparsable or unreachable server URL, missing or unreadable file, wrong endpoint;
-3 authentication refused (401/403); 130 a second interrupt, which does not wait.
+3 authentication refused (401/403: by a proxy in front, since the service itself has no
+authentication yet); 130 a second interrupt, which does not wait.
 """
 
 from __future__ import annotations
@@ -46,7 +47,15 @@ NodeOption = Annotated[str, typer.Option("--node", help="Node (host) name.", sho
 RankOption = Annotated[int | None, typer.Option("--rank", min=0, help="Rank on the node.")]
 TokenOption = Annotated[
     str | None,
-    typer.Option("--token", envvar="DIAGNOSER_TOKEN", help="Bearer token.", show_default=False),
+    typer.Option(
+        "--token",
+        envvar="DIAGNOSER_TOKEN",
+        help=(
+            "Bearer token, sent as 'Authorization: Bearer'. The diagnoser service has no "
+            "authentication yet and ignores it; an authenticating proxy in front may check it."
+        ),
+        show_default=False,
+    ),
 ]
 """Options `ship` and `run` share: where the stream goes and how to authenticate."""
 
