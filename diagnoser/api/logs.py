@@ -48,25 +48,65 @@ def _metadata_from_headers(request: Request) -> dict[str, str]:
     return parsed.model_dump(exclude_none=True)
 
 
+GZIP_ENCODINGS = {"gzip", "x-gzip"}
+GUNZIP_STEP_BYTES = 64 * 1024
+"""Decoded bytes per decompression step: memory stays bounded whatever the ratio."""
+
+
+def _gzip_encoded(request: Request) -> bool:
+    """True for a gzip body, False for identity; any other encoding is refused before reading."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in GZIP_ENCODINGS:
+        return True
+    if encoding in {"", "identity"}:
+        return False
+    raise ApiError(
+        415, "unsupported_media_type", f"content encoding {encoding!r}: send gzip or none"
+    )
+
+
+async def _gunzipped(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """A gzip body decoded as it arrives, in bounded steps, and never past `limit` decoded
+    bytes (413): a small zip bomb costs neither memory nor framing. Members may follow one
+    another (`cat a.gz b.gz`); a body cut inside a member is refused (422)."""
+    too_large = ApiError(
+        413, "payload_too_large", f"a gzip body may decode to at most {limit} bytes"
+    )
+    gunzip = zlib.decompressobj(wbits=31)
+    decoded = received = 0
+    try:
+        async for chunk in chunks:
+            received += len(chunk)
+            pending = chunk
+            while pending:
+                if gunzip.eof:
+                    gunzip = zlib.decompressobj(wbits=31)
+                piece = gunzip.decompress(pending, GUNZIP_STEP_BYTES)
+                decoded += len(piece)
+                if decoded > limit:
+                    raise too_large
+                if piece:
+                    yield piece
+                pending = gunzip.unused_data if gunzip.eof else gunzip.unconsumed_tail
+    except zlib.error as exc:
+        raise ApiError(422, "invalid_request", f"gzip body: {exc}") from exc
+    if received and not gunzip.eof:
+        raise ApiError(422, "invalid_request", "gzip body: it ends inside a compressed member")
+
+
 async def _read_capped(request: Request, limit: int) -> bytes:
     """The whole record body, gunzipped when sent so (Fluent Bit's `compress gzip`), capped."""
     too_large = ApiError(413, "payload_too_large", f"record bodies are limited to {limit} bytes")
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    gzip = _gzip_encoded(request)
+    if not gzip and declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in {"identity", "gzip"}:
-        raise ApiError(415, "unsupported_media_type", f"content encoding {encoding!r}: use gzip")
-    gunzip = zlib.decompressobj(wbits=31) if encoding == "gzip" else None
     body = bytearray()
-    try:
-        async for chunk in request.stream():
-            # Bounded output per step, so a small zip bomb cannot allocate past the cap.
-            body += gunzip.decompress(chunk, limit + 1 - len(body)) if gunzip else chunk
-            if len(body) > limit or (gunzip is not None and gunzip.unconsumed_tail):
-                raise too_large
-    except zlib.error as exc:
-        raise ApiError(422, "invalid_request", f"gzip body: {exc}") from exc
+    chunks = _gunzipped(request.stream(), limit) if gzip else request.stream()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            raise too_large
     return bytes(body)
 
 
@@ -120,11 +160,17 @@ async def post_logs(
             "too many ingest requests in flight",
             headers={"Retry-After": "1"},
         )
+    warnings: list[str] = []
     try:
         metadata = _metadata_from_headers(request)
         key = StreamKey(job_id, stream or default_stream_id(node, rank), node, rank)
         if media_type in RAW_TYPES:
-            outcome = await _write(resources, key, request.stream(), offset, metadata)
+            chunks: AsyncIterator[bytes] = request.stream()
+            if _gzip_encoded(request):
+                # Offsets count decoded bytes: the stream is the log, however it travelled.
+                chunks = _gunzipped(chunks, resources.settings.ingest.max_json_body_bytes)
+            outcome = await _write(resources, key, chunks, offset, metadata)
+            empty = outcome.received_bytes == 0
         else:
             body = await _read_capped(request, resources.settings.ingest.max_json_body_bytes)
             parse = parse_ndjson if media_type in NDJSON_TYPES else parse_fluent_bit
@@ -133,8 +179,12 @@ async def post_logs(
             except RecordError as exc:
                 raise ApiError(422, "invalid_request", str(exc)) from exc
             outcome = await _write_records(resources, key, records, offset, metadata)
+            empty = not records
     finally:
         resources.admission.leave()
+    if empty:
+        # `curl --data-binary @missing.log` sends nothing and would otherwise look like success.
+        warnings.append("empty body: no lines received")
     return IngestResult(
         job_id=job_id,
         stream=key.stream,
@@ -143,6 +193,7 @@ async def post_logs(
         truncated_lines=outcome.truncated_lines,
         next_offset=outcome.next_offset,
         diagnoses=outcome.diagnoses,
+        warnings=warnings,
     )
 
 

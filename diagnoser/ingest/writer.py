@@ -65,6 +65,8 @@ class WriteOutcome:
     duplicate_bytes: int = 0
     truncated_lines: int = 0
     next_offset: int = 0
+    received_bytes: int = 0
+    """Body bytes that arrived, duplicates included: 0 means the client sent nothing."""
     diagnoses: list[str] = field(default_factory=list)
     """Diagnoses created or updated by lines of this request."""
 
@@ -188,18 +190,22 @@ class StreamWriter:
             )
             framer = Framer(committed, lines + 1, max_line_bytes=self.settings.max_line_bytes)
             skip = 0 if offset is None else committed - offset
+            arrivals = _Arrivals(chunks, self.settings.idle_timeout_s)
             try:
-                async for received in self._with_idle_timeout(chunks):
-                    chunk = received
+                while (
+                    chunk := await arrivals.next(self._commit_due_in(framer, commits))
+                ) is not None:
+                    outcome.received_bytes += len(chunk)
                     if skip:
                         dropped = min(skip, len(chunk))
                         outcome.duplicate_bytes += dropped
                         self.totals.duplicate_bytes += dropped
                         skip -= dropped
                         chunk = chunk[dropped:]
-                    if not chunk:
-                        continue
-                    self._hand_on(key, framer.feed(chunk), commits)
+                    if chunk:
+                        self._hand_on(key, framer.feed(chunk), commits)
+                    # An empty chunk is the commit timer: the lines waiting are committed (and
+                    # so diagnosed) although the client sends nothing more for now.
                     if (
                         framer.offset - commits.committed >= self.settings.commit_every_bytes
                         or time.monotonic() - commits.at >= self.settings.commit_every_s
@@ -212,6 +218,8 @@ class StreamWriter:
                 # Client gone or server stopping: keep every whole line that arrived.
                 await asyncio.shield(commits.commit(framer.offset))
                 raise
+            finally:
+                arrivals.close()
             if offset is None:
                 self._hand_on(key, framer.close(), commits)
             await commits.commit(framer.offset)
@@ -221,12 +229,52 @@ class StreamWriter:
         self.pipeline.process(key, batch)
         commits.add(batch)
 
-    async def _with_idle_timeout(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        iterator = aiter(chunks)
-        while True:
-            try:
-                async with asyncio.timeout(self.settings.idle_timeout_s):
-                    chunk = await anext(iterator)
-            except StopAsyncIteration:
-                return
-            yield chunk
+    def _commit_due_in(self, framer: Framer, commits: _Commits) -> float | None:
+        """Seconds until the lines framed but not committed must be; None when there are none."""
+        if framer.offset == commits.committed and not commits.lines:
+            return None
+        return max(0.0, self.settings.commit_every_s - (time.monotonic() - commits.at))
+
+
+async def _next_or_none(iterator: AsyncIterator[bytes]) -> bytes | None:
+    try:
+        return await anext(iterator)
+    except StopAsyncIteration:
+        return None
+
+
+class _Arrivals:
+    """A request body's chunks, waited for without giving up on the read when a commit is due.
+
+    The read runs as its own task: cancelling it would end the body, so a timer that fires
+    while it waits leaves it running and the next call picks it up.
+    """
+
+    def __init__(self, chunks: AsyncIterator[bytes], idle_timeout_s: float) -> None:
+        self._iterator = aiter(chunks)
+        self._idle_timeout_s = idle_timeout_s
+        self._idle_at = time.monotonic() + idle_timeout_s
+        self._pending: asyncio.Task[bytes | None] | None = None
+
+    async def next(self, due_in: float | None) -> bytes | None:
+        """The next chunk; b"" when `due_in` seconds pass first; None at the end of the body.
+
+        Raises TimeoutError once no chunk came for the idle timeout.
+        """
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(_next_or_none(self._iterator))
+        idle_in = self._idle_at - time.monotonic()
+        wait = idle_in if due_in is None else min(idle_in, due_in)
+        done, _ = await asyncio.wait({self._pending}, timeout=max(wait, 0.0))
+        if not done:
+            if due_in is not None and due_in <= idle_in:
+                return b""
+            raise TimeoutError
+        chunk, self._pending = self._pending.result(), None
+        self._idle_at = time.monotonic() + self._idle_timeout_s
+        return chunk
+
+    def close(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
