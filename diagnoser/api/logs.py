@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -11,7 +12,14 @@ from sqlalchemy import select
 
 from diagnoser.api.deps import NAME_PATTERN, JobId, Resources, ResourcesDep
 from diagnoser.api.errors import ApiError
-from diagnoser.ingest.records import Record, RecordError, parse_fluent_bit, parse_ndjson
+from diagnoser.ingest.records import (
+    Record,
+    RecordError,
+    RecordTimes,
+    evidence_time,
+    parse_fluent_bit,
+    parse_ndjson,
+)
 from diagnoser.ingest.schemas import IngestResult, JobMetadata, StreamStatus
 from diagnoser.ingest.streams import JOB_METADATA_FIELDS, default_stream_id
 from diagnoser.ingest.writer import (
@@ -114,8 +122,12 @@ async def _one(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-def _records_as_bytes(records: list[Record]) -> bytes:
-    return b"".join(record.line.encode("utf-8", "surrogatepass") + b"\n" for record in records)
+def _records_as_bytes(records: list[Record], received: float) -> tuple[bytes, RecordTimes | None]:
+    """The records as stream bytes, and their times where sane (else the lines get the
+    receive time, as raw lines do)."""
+    parts = [record.line.encode("utf-8", "surrogatepass") + b"\n" for record in records]
+    times = [evidence_time(record.ts, received) for record in records]
+    return b"".join(parts), RecordTimes.of([len(part) for part in parts], times)
 
 
 @router.post(
@@ -210,11 +222,13 @@ async def _write_records(
         node = record.node or key.node
         rank = record.rank if record.rank is not None else key.rank
         groups.setdefault((node, rank), []).append(record)
-    own = groups.pop((key.node, key.rank), [])
-    outcome = await _write(resources, key, _one(_records_as_bytes(own)), offset, metadata)
+    received = time.time()
+    own, own_times = _records_as_bytes(groups.pop((key.node, key.rank), []), received)
+    outcome = await _write(resources, key, _one(own), offset, metadata, own_times)
     for (node, rank), group in groups.items():
         other = StreamKey(key.job_id, default_stream_id(node, rank), node, rank)
-        extra = await _write(resources, other, _one(_records_as_bytes(group)), None, metadata)
+        body, times = _records_as_bytes(group, received)
+        extra = await _write(resources, other, _one(body), None, metadata, times)
         outcome.lines_accepted += extra.lines_accepted
         outcome.truncated_lines += extra.truncated_lines
         outcome.diagnoses.extend(d for d in extra.diagnoses if d not in outcome.diagnoses)
@@ -227,9 +241,12 @@ async def _write(
     chunks: AsyncIterator[bytes],
     offset: int | None,
     metadata: dict[str, str],
+    times: RecordTimes | None = None,
 ) -> WriteOutcome:
     try:
-        return await resources.writer.write(key, chunks, offset=offset, job_metadata=metadata)
+        return await resources.writer.write(
+            key, chunks, offset=offset, job_metadata=metadata, times=times
+        )
     except OffsetGapError as exc:
         raise ApiError(
             409,

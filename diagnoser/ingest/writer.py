@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from diagnoser.config import IngestSettings
 from diagnoser.ingest.framing import Framer, LineBatch
+from diagnoser.ingest.records import RecordTimes
 from diagnoser.ingest.streams import (
     Progress,
     StreamPosition,
@@ -170,11 +171,13 @@ class StreamWriter:
         *,
         offset: int | None,
         job_metadata: dict[str, str],
+        times: RecordTimes | None = None,
     ) -> WriteOutcome:
         """Append `chunks` to the stream at `offset` (None: at the committed offset).
 
         With an offset the body is a byte range: a trailing partial line is not committed and
         must be resent. Without one the body is whole lines: an unterminated last line counts.
+        `times` gives the lines of a body built from records the records' own times.
         """
         lock = self.locks.get(key.job_id, key.stream)
         if lock.locked():
@@ -190,6 +193,7 @@ class StreamWriter:
             )
             framer = Framer(committed, lines + 1, max_line_bytes=self.settings.max_line_bytes)
             skip = 0 if offset is None else committed - offset
+            body_start = committed if offset is None else offset
             arrivals = _Arrivals(chunks, self.settings.idle_timeout_s)
             try:
                 while (
@@ -203,7 +207,7 @@ class StreamWriter:
                         skip -= dropped
                         chunk = chunk[dropped:]
                     if chunk:
-                        self._hand_on(key, framer.feed(chunk), commits)
+                        self._hand_on(key, framer.feed(chunk), commits, times, body_start)
                     # An empty chunk is the commit timer: the lines waiting are committed (and
                     # so diagnosed) although the client sends nothing more for now.
                     if (
@@ -221,11 +225,20 @@ class StreamWriter:
             finally:
                 arrivals.close()
             if offset is None:
-                self._hand_on(key, framer.close(), commits)
+                self._hand_on(key, framer.close(), commits, times, body_start)
             await commits.commit(framer.offset)
             return outcome
 
-    def _hand_on(self, key: StreamKey, batch: LineBatch, commits: _Commits) -> None:
+    def _hand_on(
+        self,
+        key: StreamKey,
+        batch: LineBatch,
+        commits: _Commits,
+        times: RecordTimes | None,
+        body_start: int,
+    ) -> None:
+        if times is not None:
+            batch = times.stamp(batch, body_start)
         self.pipeline.process(key, batch)
         commits.add(batch)
 

@@ -8,6 +8,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -514,3 +515,62 @@ def test_an_unknown_content_encoding_is_415(service: ServiceProcess, content_typ
     assert response.json()["error"] == "unsupported_media_type"
     assert "br" in response.json()["detail"]
     assert httpx.get(logs_url(service, "brotli"), params={"node": "n1"}).status_code == 404
+
+
+XID = "NVRM: Xid (PCI:0000:2b:00): 79, pid=2412, GPU has fallen off the bus."
+
+
+def evidence_times(service: ServiceProcess, job_id: str) -> list[float]:
+    [diagnosis] = httpx.get(f"{service.base_url}/v1/jobs/{job_id}/diagnoses").json()["diagnoses"]
+    return [item["time"] for item in diagnosis["evidence"]]
+
+
+def test_a_records_own_time_is_the_evidence_time(service: ServiceProcess) -> None:
+    """A Fluent Bit buffer replayed after an outage: the lines are hours old when they arrive."""
+    written = time.time() - 3 * 3600
+    ndjson = (
+        json.dumps({"line": "iteration 10 | lm loss 1.93", "ts": written - 60})
+        + "\n"
+        # Several records, RFC 3339: the Xid record's own time, not the first record's.
+        + json.dumps({"line": XID, "ts": datetime.fromtimestamp(written, UTC).isoformat()})
+        + "\n"
+    ).encode()
+    response = httpx.post(
+        logs_url(service, "record-time"),
+        params={"node": "gpu-3"},
+        content=ndjson,
+        headers={"Content-Type": "application/x-ndjson"},
+    )
+    assert response.status_code == 200, response.text
+    assert evidence_times(service, "record-time") == [pytest.approx(written, abs=1e-3)]
+    fluent_bit = [{"date": written + 0.25, "log": XID + "\n"}]
+    response = httpx.post(logs_url(service, "fb-time"), params={"node": "gpu-3"}, json=fluent_bit)
+    assert response.status_code == 200, response.text
+    assert evidence_times(service, "fb-time") == [pytest.approx(written + 0.25, abs=1e-3)]
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        0,  # a sender that fills the field blindly
+        time.time() - 30 * 24 * 3600,  # a month old: older than any buffer replay
+        time.time() + 3600,  # an hour ahead of the server's clock
+        time.time() * 1000,  # milliseconds sent as seconds
+    ],
+    ids=["zero", "month-old", "hour-ahead", "milliseconds"],
+)
+def test_an_insane_record_time_gives_way_to_the_receive_time(
+    service: ServiceProcess, ts: float
+) -> None:
+    job_id = f"insane-{int(ts)}"
+    before = time.time()
+    response = httpx.post(
+        logs_url(service, job_id),
+        params={"node": "gpu-3"},
+        content=json.dumps({"line": XID, "ts": ts}).encode() + b"\n",
+        headers={"Content-Type": "application/x-ndjson"},
+    )
+    after = time.time()
+    assert response.status_code == 200, response.text
+    [evidence_time] = evidence_times(service, job_id)
+    assert before - 1 <= evidence_time <= after + 1
