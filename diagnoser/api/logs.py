@@ -105,10 +105,10 @@ async def _gunzipped(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[
 async def _read_capped(request: Request, limit: int) -> bytes:
     """The whole record body, gunzipped when sent so (Fluent Bit's `compress gzip`), capped."""
     too_large = ApiError(413, "payload_too_large", f"record bodies are limited to {limit} bytes")
-    declared = request.headers.get("content-length")
     gzip = _gzip_encoded(request)
-    if not gzip and declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large  # compressed this large, it decodes to at least about as much
     body = bytearray()
     chunks = _gunzipped(request.stream(), limit) if gzip else request.stream()
     async for chunk in chunks:
