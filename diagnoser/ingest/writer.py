@@ -9,6 +9,7 @@ byte not yet seen. And a commit moves the offset only from the value this writer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import weakref
 from collections import OrderedDict
@@ -95,44 +96,111 @@ class StreamLocks:
 
 @dataclass
 class _Commits:
-    """Offsets and counts since the last commit of one write."""
+    """Offsets and counts since the last commit of one write.
+
+    The request's loop and its `_CommitTimer` both commit; the lock makes them take turns, and
+    each commit reads the framer's offset and the counts together, with no await in between,
+    so they always describe the same lines.
+    """
 
     sessions: Sessions
     key: StreamKey
     stream_id: int
-    committed: int
+    framer: Framer
     outcome: WriteOutcome
     totals: WriteTotals
     after_commit: AfterCommit | None = None
     lines: int = 0
     truncated: int = 0
     at: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    committed: int = field(init=False)
+    """The stream's committed offset, as this write last moved it."""
+
+    def __post_init__(self) -> None:
+        self.committed = self.framer.offset
 
     def add(self, batch: LineBatch) -> None:
         self.lines += len(batch.lines)
         self.truncated += batch.truncated
 
-    async def commit(self, offset: int) -> None:
-        if offset == self.committed and not self.lines:
+    @property
+    def pending(self) -> bool:
+        """Lines framed and handed on, not yet committed."""
+        return self.framer.offset != self.committed or self.lines > 0
+
+    async def commit(self) -> None:
+        async with self.lock:
+            offset, lines, truncated = self.framer.offset, self.lines, self.truncated
+            if offset == self.committed and not lines:
+                return
+            progress = Progress(self.committed, offset, lines, truncated)
+            job_id, stream_id = self.key.job_id, self.stream_id
+            won = await self.sessions.run(
+                lambda conn: commit_progress(conn, job_id, stream_id, progress)
+            )
+            if not won:
+                raise StreamBusyError("the stream's offset moved under this request")
+            self.outcome.lines_accepted += lines
+            self.outcome.truncated_lines += truncated
+            self.totals.committed_bytes += offset - self.committed
+            self.totals.commits += 1
+            self.outcome.next_offset = self.committed = offset
+            self.lines -= lines
+            self.truncated -= truncated
+            self.at = time.monotonic()
+            if self.after_commit is not None:
+                for diagnosis_id in await self.after_commit(self.key):
+                    if diagnosis_id not in self.outcome.diagnoses:
+                        self.outcome.diagnoses.append(diagnosis_id)
+
+
+class _CommitTimer:
+    """Commits lines left waiting `every_s` after the last commit, even if no byte follows them.
+
+    Without it, a failure line at the tail of an open upload (the process that printed it died,
+    the upload stays open) would wait for the next chunk, the end of the request or the idle
+    timeout. A timer, armed once per commit rather than a timeout per chunk, keeps the read of
+    the body untouched: cancelling that read would end the body.
+    """
+
+    def __init__(self, commits: _Commits, every_s: float) -> None:
+        self.commits = commits
+        self.every_s = every_s
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def arm(self) -> None:
+        """After each chunk: start the clock if lines wait; raise what a timed commit raised."""
+        task = self._task
+        if task is not None and task.done():
+            self._task = None
+            task.result()
+        if self._stopped or self._handle is not None or self._task is not None:
             return
-        progress = Progress(self.committed, offset, self.lines, self.truncated)
-        job_id, stream_id = self.key.job_id, self.stream_id
-        won = await self.sessions.run(
-            lambda conn: commit_progress(conn, job_id, stream_id, progress)
-        )
-        if not won:
-            raise StreamBusyError("the stream's offset moved under this request")
-        self.outcome.lines_accepted += self.lines
-        self.outcome.truncated_lines += self.truncated
-        self.totals.committed_bytes += offset - self.committed
-        self.totals.commits += 1
-        self.outcome.next_offset = self.committed = offset
-        self.lines = self.truncated = 0
-        self.at = time.monotonic()
-        if self.after_commit is not None:
-            for diagnosis_id in await self.after_commit(self.key):
-                if diagnosis_id not in self.outcome.diagnoses:
-                    self.outcome.diagnoses.append(diagnosis_id)
+        if self.commits.pending:
+            delay = max(0.0, self.every_s - (time.monotonic() - self.commits.at))
+            self._handle = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._task = asyncio.create_task(self._commit())
+
+    async def _commit(self) -> None:
+        await self.commits.commit()
+        self._task = None
+        self.arm()  # lines that arrived while it committed
+
+    async def stop(self) -> None:
+        """No more timed commits; wait for one in flight and raise its error, if any."""
+        self._stopped = True
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        task, self._task = self._task, None
+        if task is not None:
+            await asyncio.shield(task)
 
 
 @dataclass
@@ -188,17 +256,16 @@ class StreamWriter:
             if offset is not None and offset > committed:
                 raise OffsetGapError(committed)
             outcome = WriteOutcome(next_offset=committed)
-            commits = _Commits(
-                self.sessions, key, stream_id, committed, outcome, self.totals, self.after_commit
-            )
             framer = Framer(committed, lines + 1, max_line_bytes=self.settings.max_line_bytes)
+            commits = _Commits(
+                self.sessions, key, stream_id, framer, outcome, self.totals, self.after_commit
+            )
+            timer = _CommitTimer(commits, self.settings.commit_every_s)
             skip = 0 if offset is None else committed - offset
             body_start = committed if offset is None else offset
-            arrivals = _Arrivals(chunks, self.settings.idle_timeout_s)
             try:
-                while (
-                    chunk := await arrivals.next(self._commit_due_in(framer, commits))
-                ) is not None:
+                async for received in self._with_idle_timeout(chunks):
+                    chunk = received
                     outcome.received_bytes += len(chunk)
                     if skip:
                         dropped = min(skip, len(chunk))
@@ -206,27 +273,29 @@ class StreamWriter:
                         self.totals.duplicate_bytes += dropped
                         skip -= dropped
                         chunk = chunk[dropped:]
-                    if chunk:
-                        self._hand_on(key, framer.feed(chunk), commits, times, body_start)
-                    # An empty chunk is the commit timer: the lines waiting are committed (and
-                    # so diagnosed) although the client sends nothing more for now.
+                    if not chunk:
+                        continue
+                    self._hand_on(key, framer.feed(chunk), commits, times, body_start)
                     if (
                         framer.offset - commits.committed >= self.settings.commit_every_bytes
                         or time.monotonic() - commits.at >= self.settings.commit_every_s
                     ):
-                        await commits.commit(framer.offset)
+                        await commits.commit()
+                    timer.arm()
+                await timer.stop()
             except TimeoutError:
-                await commits.commit(framer.offset)
+                await timer.stop()
+                await commits.commit()
                 raise IdleTimeoutError(outcome) from None
             except BaseException:
                 # Client gone or server stopping: keep every whole line that arrived.
-                await asyncio.shield(commits.commit(framer.offset))
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(timer.stop())
+                await asyncio.shield(commits.commit())
                 raise
-            finally:
-                arrivals.close()
             if offset is None:
                 self._hand_on(key, framer.close(), commits, times, body_start)
-            await commits.commit(framer.offset)
+            await commits.commit()
             return outcome
 
     def _hand_on(
@@ -242,52 +311,12 @@ class StreamWriter:
         self.pipeline.process(key, batch)
         commits.add(batch)
 
-    def _commit_due_in(self, framer: Framer, commits: _Commits) -> float | None:
-        """Seconds until the lines framed but not committed must be; None when there are none."""
-        if framer.offset == commits.committed and not commits.lines:
-            return None
-        return max(0.0, self.settings.commit_every_s - (time.monotonic() - commits.at))
-
-
-async def _next_or_none(iterator: AsyncIterator[bytes]) -> bytes | None:
-    try:
-        return await anext(iterator)
-    except StopAsyncIteration:
-        return None
-
-
-class _Arrivals:
-    """A request body's chunks, waited for without giving up on the read when a commit is due.
-
-    The read runs as its own task: cancelling it would end the body, so a timer that fires
-    while it waits leaves it running and the next call picks it up.
-    """
-
-    def __init__(self, chunks: AsyncIterator[bytes], idle_timeout_s: float) -> None:
-        self._iterator = aiter(chunks)
-        self._idle_timeout_s = idle_timeout_s
-        self._idle_at = time.monotonic() + idle_timeout_s
-        self._pending: asyncio.Task[bytes | None] | None = None
-
-    async def next(self, due_in: float | None) -> bytes | None:
-        """The next chunk; b"" when `due_in` seconds pass first; None at the end of the body.
-
-        Raises TimeoutError once no chunk came for the idle timeout.
-        """
-        if self._pending is None:
-            self._pending = asyncio.ensure_future(_next_or_none(self._iterator))
-        idle_in = self._idle_at - time.monotonic()
-        wait = idle_in if due_in is None else min(idle_in, due_in)
-        done, _ = await asyncio.wait({self._pending}, timeout=max(wait, 0.0))
-        if not done:
-            if due_in is not None and due_in <= idle_in:
-                return b""
-            raise TimeoutError
-        chunk, self._pending = self._pending.result(), None
-        self._idle_at = time.monotonic() + self._idle_timeout_s
-        return chunk
-
-    def close(self) -> None:
-        if self._pending is not None:
-            self._pending.cancel()
-            self._pending = None
+    async def _with_idle_timeout(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        iterator = aiter(chunks)
+        while True:
+            try:
+                async with asyncio.timeout(self.settings.idle_timeout_s):
+                    chunk = await anext(iterator)
+            except StopAsyncIteration:
+                return
+            yield chunk
