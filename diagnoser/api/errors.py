@@ -68,3 +68,15 @@ def install(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = STATUS_CODES.get(exc.status_code, "error")
         return error_response(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette re-raises after this answer and uvicorn then closes the connection: say so,
+        # or a keep-alive client sends its next request into a socket that is going away.
+        del exc  # uvicorn logs the traceback; the client gets no internals
+        return error_response(
+            500,
+            "internal_error",
+            "unexpected server error; the server log has the details",
+            {"Connection": "close"},
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -11,7 +12,14 @@ from sqlalchemy import select
 
 from diagnoser.api.deps import NAME_PATTERN, JobId, Resources, ResourcesDep
 from diagnoser.api.errors import ApiError
-from diagnoser.ingest.records import Record, RecordError, parse_fluent_bit, parse_ndjson
+from diagnoser.ingest.records import (
+    Record,
+    RecordError,
+    RecordTimes,
+    evidence_time,
+    parse_fluent_bit,
+    parse_ndjson,
+)
 from diagnoser.ingest.schemas import IngestResult, JobMetadata, StreamStatus
 from diagnoser.ingest.streams import JOB_METADATA_FIELDS, default_stream_id
 from diagnoser.ingest.writer import (
@@ -48,25 +56,65 @@ def _metadata_from_headers(request: Request) -> dict[str, str]:
     return parsed.model_dump(exclude_none=True)
 
 
+GZIP_ENCODINGS = {"gzip", "x-gzip"}
+GUNZIP_STEP_BYTES = 64 * 1024
+"""Decoded bytes per decompression step: memory stays bounded whatever the ratio."""
+
+
+def _gzip_encoded(request: Request) -> bool:
+    """True for a gzip body, False for identity; any other encoding is refused before reading."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in GZIP_ENCODINGS:
+        return True
+    if encoding in {"", "identity"}:
+        return False
+    raise ApiError(
+        415, "unsupported_media_type", f"content encoding {encoding!r}: send gzip or none"
+    )
+
+
+async def _gunzipped(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """A gzip body decoded as it arrives, in bounded steps, and never past `limit` decoded
+    bytes (413): a small zip bomb costs neither memory nor framing. Members may follow one
+    another (`cat a.gz b.gz`); a body cut inside a member is refused (422)."""
+    too_large = ApiError(
+        413, "payload_too_large", f"a gzip body may decode to at most {limit} bytes"
+    )
+    gunzip = zlib.decompressobj(wbits=31)
+    decoded = received = 0
+    try:
+        async for chunk in chunks:
+            received += len(chunk)
+            pending = chunk
+            while pending:
+                if gunzip.eof:
+                    gunzip = zlib.decompressobj(wbits=31)
+                piece = gunzip.decompress(pending, GUNZIP_STEP_BYTES)
+                decoded += len(piece)
+                if decoded > limit:
+                    raise too_large
+                if piece:
+                    yield piece
+                pending = gunzip.unused_data if gunzip.eof else gunzip.unconsumed_tail
+    except zlib.error as exc:
+        raise ApiError(422, "invalid_request", f"gzip body: {exc}") from exc
+    if received and not gunzip.eof:
+        raise ApiError(422, "invalid_request", "gzip body: it ends inside a compressed member")
+
+
 async def _read_capped(request: Request, limit: int) -> bytes:
     """The whole record body, gunzipped when sent so (Fluent Bit's `compress gzip`), capped."""
     too_large = ApiError(413, "payload_too_large", f"record bodies are limited to {limit} bytes")
+    gzip = _gzip_encoded(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in {"identity", "gzip"}:
-        raise ApiError(415, "unsupported_media_type", f"content encoding {encoding!r}: use gzip")
-    gunzip = zlib.decompressobj(wbits=31) if encoding == "gzip" else None
+        raise too_large  # compressed this large, it decodes to at least about as much
     body = bytearray()
-    try:
-        async for chunk in request.stream():
-            # Bounded output per step, so a small zip bomb cannot allocate past the cap.
-            body += gunzip.decompress(chunk, limit + 1 - len(body)) if gunzip else chunk
-            if len(body) > limit or (gunzip is not None and gunzip.unconsumed_tail):
-                raise too_large
-    except zlib.error as exc:
-        raise ApiError(422, "invalid_request", f"gzip body: {exc}") from exc
+    chunks = _gunzipped(request.stream(), limit) if gzip else request.stream()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            raise too_large
     return bytes(body)
 
 
@@ -74,8 +122,12 @@ async def _one(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-def _records_as_bytes(records: list[Record]) -> bytes:
-    return b"".join(record.line.encode("utf-8", "surrogatepass") + b"\n" for record in records)
+def _records_as_bytes(records: list[Record], received: float) -> tuple[bytes, RecordTimes | None]:
+    """The records as stream bytes, and their times where sane (else the lines get the
+    receive time, as raw lines do)."""
+    parts = [record.line.encode("utf-8", "surrogatepass") + b"\n" for record in records]
+    times = [evidence_time(record.ts, received) for record in records]
+    return b"".join(parts), RecordTimes.of([len(part) for part in parts], times)
 
 
 @router.post(
@@ -120,11 +172,17 @@ async def post_logs(
             "too many ingest requests in flight",
             headers={"Retry-After": "1"},
         )
+    warnings: list[str] = []
     try:
         metadata = _metadata_from_headers(request)
         key = StreamKey(job_id, stream or default_stream_id(node, rank), node, rank)
         if media_type in RAW_TYPES:
-            outcome = await _write(resources, key, request.stream(), offset, metadata)
+            chunks: AsyncIterator[bytes] = request.stream()
+            if _gzip_encoded(request):
+                # Offsets count decoded bytes: the stream is the log, however it travelled.
+                chunks = _gunzipped(chunks, resources.settings.ingest.max_json_body_bytes)
+            outcome = await _write(resources, key, chunks, offset, metadata)
+            empty = outcome.received_bytes == 0
         else:
             body = await _read_capped(request, resources.settings.ingest.max_json_body_bytes)
             parse = parse_ndjson if media_type in NDJSON_TYPES else parse_fluent_bit
@@ -133,8 +191,12 @@ async def post_logs(
             except RecordError as exc:
                 raise ApiError(422, "invalid_request", str(exc)) from exc
             outcome = await _write_records(resources, key, records, offset, metadata)
+            empty = not records
     finally:
         resources.admission.leave()
+    if empty:
+        # `curl --data-binary @missing.log` sends nothing and would otherwise look like success.
+        warnings.append("empty body: no lines received")
     return IngestResult(
         job_id=job_id,
         stream=key.stream,
@@ -143,6 +205,7 @@ async def post_logs(
         truncated_lines=outcome.truncated_lines,
         next_offset=outcome.next_offset,
         diagnoses=outcome.diagnoses,
+        warnings=warnings,
     )
 
 
@@ -159,11 +222,13 @@ async def _write_records(
         node = record.node or key.node
         rank = record.rank if record.rank is not None else key.rank
         groups.setdefault((node, rank), []).append(record)
-    own = groups.pop((key.node, key.rank), [])
-    outcome = await _write(resources, key, _one(_records_as_bytes(own)), offset, metadata)
+    received = time.time()
+    own, own_times = _records_as_bytes(groups.pop((key.node, key.rank), []), received)
+    outcome = await _write(resources, key, _one(own), offset, metadata, own_times)
     for (node, rank), group in groups.items():
         other = StreamKey(key.job_id, default_stream_id(node, rank), node, rank)
-        extra = await _write(resources, other, _one(_records_as_bytes(group)), None, metadata)
+        body, times = _records_as_bytes(group, received)
+        extra = await _write(resources, other, _one(body), None, metadata, times)
         outcome.lines_accepted += extra.lines_accepted
         outcome.truncated_lines += extra.truncated_lines
         outcome.diagnoses.extend(d for d in extra.diagnoses if d not in outcome.diagnoses)
@@ -176,9 +241,12 @@ async def _write(
     chunks: AsyncIterator[bytes],
     offset: int | None,
     metadata: dict[str, str],
+    times: RecordTimes | None = None,
 ) -> WriteOutcome:
     try:
-        return await resources.writer.write(key, chunks, offset=offset, job_metadata=metadata)
+        return await resources.writer.write(
+            key, chunks, offset=offset, job_metadata=metadata, times=times
+        )
     except OffsetGapError as exc:
         raise ApiError(
             409,

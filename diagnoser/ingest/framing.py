@@ -61,7 +61,8 @@ class LineBatch:
     tasks: list[int | None] | None = None
     """Per-line Slurm task id from an ``srun --label`` prefix, or None."""
     ts: list[int | None] | None = None
-    """Per-line CRI log time in Unix epoch nanoseconds; None when no line had a CRI header."""
+    """Per-line log time in Unix epoch nanoseconds, from a CRI header or from the record that
+    carried the line (`records.RecordTimes`); None when no line had one."""
     truncated: int = 0
     """How many of these lines were cut at the length limit."""
 

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from bisect import bisect_right
+from dataclasses import dataclass, replace
 from datetime import datetime
+from itertools import accumulate
 from typing import Any
+
+from diagnoser.ingest.framing import LineBatch
+
+MAX_RECORD_AGE_S = 7 * 24 * 3600.0
+"""A record time older than this (before its arrival) is not trusted: a week covers a Fluent Bit
+buffer replayed after an outage; 1970 or a zero means a sender that filled the field blindly."""
+MAX_RECORD_LEAD_S = 300.0
+"""A record time this far ahead of the server's clock is not trusted: skew is minutes, not more
+(a time in milliseconds read as seconds lands thousands of years ahead)."""
 
 
 class RecordError(ValueError):
@@ -104,3 +115,46 @@ def parse_fluent_bit(body: bytes) -> list[Record]:
     if not isinstance(payload, list):
         raise RecordError("expected a JSON array of records")
     return [_from_object(obj, f"record {index}") for index, obj in enumerate(payload)]
+
+
+def evidence_time(ts: float | None, received: float) -> float | None:
+    """The record's own time when it is sane next to `received` (see the two bounds above);
+    None otherwise, and the line then gets the receive time as any raw line does."""
+    if ts is None or not received - MAX_RECORD_AGE_S <= ts <= received + MAX_RECORD_LEAD_S:
+        return None
+    return ts
+
+
+@dataclass(frozen=True, slots=True)
+class RecordTimes:
+    """The times of the records a body was built from, by byte position in that body.
+
+    Records become lines of a byte stream (one record's text may hold several lines), so a
+    framed line finds its record by where it ends, wherever the framer cut its batches.
+    """
+
+    ends: list[int]
+    """Body position just past each record's bytes."""
+    times: list[int | None]
+    """Each record's sane time in Unix epoch nanoseconds (as `LineBatch.ts`), or None."""
+
+    @classmethod
+    def of(cls, sizes: list[int], times: list[float | None]) -> RecordTimes | None:
+        """None when no record carries a usable time: nothing to stamp."""
+        if all(t is None for t in times):
+            return None
+        nanos = [None if t is None else round(t * 1_000_000_000) for t in times]
+        return cls(list(accumulate(sizes)), nanos)
+
+    def stamp(self, batch: LineBatch, body_start: int) -> LineBatch:
+        """`batch` with each line's record time, where the line has no time of its own (a CRI
+        header's, which is the runtime's exact write time)."""
+        if not batch.lines:
+            return batch
+        ts: list[int | None] = [None] * len(batch.lines) if batch.ts is None else list(batch.ts)
+        for index, end in enumerate(batch.ends):
+            if ts[index] is None:
+                record = bisect_right(self.ends, end - 1 - body_start)
+                if record < len(self.times):
+                    ts[index] = self.times[record]
+        return replace(batch, ts=ts)

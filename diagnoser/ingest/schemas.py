@@ -19,6 +19,10 @@ class IngestResult(BaseModel):
     truncated_lines: int = Field(description="Lines cut at the length limit.")
     next_offset: int = Field(description="Committed offset: where this stream's next byte goes.")
     diagnoses: list[str] = Field(default_factory=list, description="Diagnoses this body triggered.")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What the client probably did not mean, e.g. an empty body (no lines).",
+    )
 
 
 class StreamStatus(BaseModel):

@@ -9,6 +9,7 @@ byte not yet seen. And a commit moves the offset only from the value this writer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import weakref
 from collections import OrderedDict
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from diagnoser.config import IngestSettings
 from diagnoser.ingest.framing import Framer, LineBatch
+from diagnoser.ingest.records import RecordTimes
 from diagnoser.ingest.streams import (
     Progress,
     StreamPosition,
@@ -65,6 +67,8 @@ class WriteOutcome:
     duplicate_bytes: int = 0
     truncated_lines: int = 0
     next_offset: int = 0
+    received_bytes: int = 0
+    """Body bytes that arrived, duplicates included: 0 means the client sent nothing."""
     diagnoses: list[str] = field(default_factory=list)
     """Diagnoses created or updated by lines of this request."""
 
@@ -92,44 +96,111 @@ class StreamLocks:
 
 @dataclass
 class _Commits:
-    """Offsets and counts since the last commit of one write."""
+    """Offsets and counts since the last commit of one write.
+
+    The request's loop and its `_CommitTimer` both commit; the lock makes them take turns, and
+    each commit reads the framer's offset and the counts together, with no await in between,
+    so they always describe the same lines.
+    """
 
     sessions: Sessions
     key: StreamKey
     stream_id: int
-    committed: int
+    framer: Framer
     outcome: WriteOutcome
     totals: WriteTotals
     after_commit: AfterCommit | None = None
     lines: int = 0
     truncated: int = 0
     at: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    committed: int = field(init=False)
+    """The stream's committed offset, as this write last moved it."""
+
+    def __post_init__(self) -> None:
+        self.committed = self.framer.offset
 
     def add(self, batch: LineBatch) -> None:
         self.lines += len(batch.lines)
         self.truncated += batch.truncated
 
-    async def commit(self, offset: int) -> None:
-        if offset == self.committed and not self.lines:
+    @property
+    def pending(self) -> bool:
+        """Lines framed and handed on, not yet committed."""
+        return self.framer.offset != self.committed or self.lines > 0
+
+    async def commit(self) -> None:
+        async with self.lock:
+            offset, lines, truncated = self.framer.offset, self.lines, self.truncated
+            if offset == self.committed and not lines:
+                return
+            progress = Progress(self.committed, offset, lines, truncated)
+            job_id, stream_id = self.key.job_id, self.stream_id
+            won = await self.sessions.run(
+                lambda conn: commit_progress(conn, job_id, stream_id, progress)
+            )
+            if not won:
+                raise StreamBusyError("the stream's offset moved under this request")
+            self.outcome.lines_accepted += lines
+            self.outcome.truncated_lines += truncated
+            self.totals.committed_bytes += offset - self.committed
+            self.totals.commits += 1
+            self.outcome.next_offset = self.committed = offset
+            self.lines -= lines
+            self.truncated -= truncated
+            self.at = time.monotonic()
+            if self.after_commit is not None:
+                for diagnosis_id in await self.after_commit(self.key):
+                    if diagnosis_id not in self.outcome.diagnoses:
+                        self.outcome.diagnoses.append(diagnosis_id)
+
+
+class _CommitTimer:
+    """Commits lines left waiting `every_s` after the last commit, even if no byte follows them.
+
+    Without it, a failure line at the tail of an open upload (the process that printed it died,
+    the upload stays open) would wait for the next chunk, the end of the request or the idle
+    timeout. A timer, armed once per commit rather than a timeout per chunk, keeps the read of
+    the body untouched: cancelling that read would end the body.
+    """
+
+    def __init__(self, commits: _Commits, every_s: float) -> None:
+        self.commits = commits
+        self.every_s = every_s
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def arm(self) -> None:
+        """After each chunk: start the clock if lines wait; raise what a timed commit raised."""
+        task = self._task
+        if task is not None and task.done():
+            self._task = None
+            task.result()
+        if self._stopped or self._handle is not None or self._task is not None:
             return
-        progress = Progress(self.committed, offset, self.lines, self.truncated)
-        job_id, stream_id = self.key.job_id, self.stream_id
-        won = await self.sessions.run(
-            lambda conn: commit_progress(conn, job_id, stream_id, progress)
-        )
-        if not won:
-            raise StreamBusyError("the stream's offset moved under this request")
-        self.outcome.lines_accepted += self.lines
-        self.outcome.truncated_lines += self.truncated
-        self.totals.committed_bytes += offset - self.committed
-        self.totals.commits += 1
-        self.outcome.next_offset = self.committed = offset
-        self.lines = self.truncated = 0
-        self.at = time.monotonic()
-        if self.after_commit is not None:
-            for diagnosis_id in await self.after_commit(self.key):
-                if diagnosis_id not in self.outcome.diagnoses:
-                    self.outcome.diagnoses.append(diagnosis_id)
+        if self.commits.pending:
+            delay = max(0.0, self.every_s - (time.monotonic() - self.commits.at))
+            self._handle = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._task = asyncio.create_task(self._commit())
+
+    async def _commit(self) -> None:
+        await self.commits.commit()
+        self._task = None
+        self.arm()  # lines that arrived while it committed
+
+    async def stop(self) -> None:
+        """No more timed commits; wait for one in flight and raise its error, if any."""
+        self._stopped = True
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        task, self._task = self._task, None
+        if task is not None:
+            await asyncio.shield(task)
 
 
 @dataclass
@@ -168,11 +239,13 @@ class StreamWriter:
         *,
         offset: int | None,
         job_metadata: dict[str, str],
+        times: RecordTimes | None = None,
     ) -> WriteOutcome:
         """Append `chunks` to the stream at `offset` (None: at the committed offset).
 
         With an offset the body is a byte range: a trailing partial line is not committed and
         must be resent. Without one the body is whole lines: an unterminated last line counts.
+        `times` gives the lines of a body built from records the records' own times.
         """
         lock = self.locks.get(key.job_id, key.stream)
         if lock.locked():
@@ -183,14 +256,17 @@ class StreamWriter:
             if offset is not None and offset > committed:
                 raise OffsetGapError(committed)
             outcome = WriteOutcome(next_offset=committed)
-            commits = _Commits(
-                self.sessions, key, stream_id, committed, outcome, self.totals, self.after_commit
-            )
             framer = Framer(committed, lines + 1, max_line_bytes=self.settings.max_line_bytes)
+            commits = _Commits(
+                self.sessions, key, stream_id, framer, outcome, self.totals, self.after_commit
+            )
+            timer = _CommitTimer(commits, self.settings.commit_every_s)
             skip = 0 if offset is None else committed - offset
+            body_start = committed if offset is None else offset
             try:
                 async for received in self._with_idle_timeout(chunks):
                     chunk = received
+                    outcome.received_bytes += len(chunk)
                     if skip:
                         dropped = min(skip, len(chunk))
                         outcome.duplicate_bytes += dropped
@@ -199,25 +275,39 @@ class StreamWriter:
                         chunk = chunk[dropped:]
                     if not chunk:
                         continue
-                    self._hand_on(key, framer.feed(chunk), commits)
+                    self._hand_on(key, framer.feed(chunk), commits, times, body_start)
                     if (
                         framer.offset - commits.committed >= self.settings.commit_every_bytes
                         or time.monotonic() - commits.at >= self.settings.commit_every_s
                     ):
-                        await commits.commit(framer.offset)
+                        await commits.commit()
+                    timer.arm()
+                await timer.stop()
             except TimeoutError:
-                await commits.commit(framer.offset)
+                await timer.stop()
+                await commits.commit()
                 raise IdleTimeoutError(outcome) from None
             except BaseException:
                 # Client gone or server stopping: keep every whole line that arrived.
-                await asyncio.shield(commits.commit(framer.offset))
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(timer.stop())
+                await asyncio.shield(commits.commit())
                 raise
             if offset is None:
-                self._hand_on(key, framer.close(), commits)
-            await commits.commit(framer.offset)
+                self._hand_on(key, framer.close(), commits, times, body_start)
+            await commits.commit()
             return outcome
 
-    def _hand_on(self, key: StreamKey, batch: LineBatch, commits: _Commits) -> None:
+    def _hand_on(
+        self,
+        key: StreamKey,
+        batch: LineBatch,
+        commits: _Commits,
+        times: RecordTimes | None,
+        body_start: int,
+    ) -> None:
+        if times is not None:
+            batch = times.stamp(batch, body_start)
         self.pipeline.process(key, batch)
         commits.add(batch)
 

@@ -163,9 +163,10 @@ class Shipper:
 
     def run(self) -> None:
         """Raises ShipError for what retrying cannot fix; returns when done or stopped."""
-        committed = self._initial_offset()
+        state = self._initial_state()
+        committed = state.committed_offset
         self.source.start(committed)
-        self.progress.committed(committed)
+        self.progress.stream(committed, state.lines)
         while not self.stop.is_set():
             first = self.source.read(self.policy.chunk_bytes)
             if first:
@@ -203,7 +204,7 @@ class Shipper:
             self._retry_after(exc)
             return False
         self._backoff.reset()
-        self.progress.stats.lines_accepted += receipt.lines_accepted
+        self.progress.accepted(receipt.lines_accepted)
         self.progress.committed(receipt.next_offset)
         if receipt.next_offset != self.source.offset:
             # The server kept back a partial line (it commits whole lines): resend it later.
@@ -245,7 +246,7 @@ class Shipper:
                         self.progress.warn(f"server offset moved to {committed}: not resending")
                     return
                 continue
-            self.progress.stats.lines_accepted += receipt.lines_accepted
+            self.progress.accepted(receipt.lines_accepted)
             self.progress.committed(receipt.next_offset)
             return
 
@@ -299,12 +300,12 @@ class Shipper:
             )
         _raise_for(response)
 
-    def _initial_offset(self) -> int:
-        """The committed offset at start; an unreachable server is retried for a short while."""
+    def _initial_state(self) -> StreamState:
+        """The stream at start; an unreachable server is retried for a short while."""
         deadline = time.monotonic() + self.policy.start_timeout_s
         while True:
             try:
-                return self._committed_offset()
+                return self._stream_state()
             except _RetryableError as exc:
                 left = deadline - time.monotonic()
                 unreachable = isinstance(exc.__cause__, httpx.TransportError)
@@ -323,27 +324,29 @@ class Shipper:
         """Ask the committed offset again (retrying until it answers) and seek the source there."""
         while not self.stop.is_set():
             try:
-                committed = self._committed_offset()
+                state = self._stream_state()
             except _RetryableError as exc:
                 self.progress.stats.retries += 1
                 delay = self._backoff.next_delay(exc.retry_after_s)
                 self.progress.warn(f"{exc}; retrying in {delay:.1f}s")
                 self.stop.wait(delay)
                 continue
-            self.progress.committed(committed)
+            committed = state.committed_offset
+            self.progress.stream(committed, state.lines)
             self.source.seek(committed)
             self.source.release(committed)
             return
 
-    def _committed_offset(self) -> int:
+    def _stream_state(self) -> StreamState:
+        """The server's committed offset and line count (a stream not created yet: zeros)."""
         try:
             response = self.http.get(self.target.logs_url, params=self.target.params())
         except httpx.TransportError as exc:
             raise _RetryableError(_describe(exc)) from exc
         if response.status_code == 404:
-            return 0
+            return StreamState(committed_offset=0, lines=0)
         if response.status_code == 200:
-            return _parse(StreamState, response).committed_offset
+            return _parse(StreamState, response)
         _raise_for(response)
 
 

@@ -30,7 +30,12 @@ class ShipStats:
     bytes_sent: int = 0
     lines_sent: int = 0
     lines_accepted: int = 0
+    """Lines this run added to the stream, as the server counts them (see `Progress.stream`)."""
     server_offset: int | None = None
+    server_lines: int | None = None
+    """Lines the server holds for the stream, this run's and earlier ones."""
+    lines_before: int | None = None
+    """`server_lines` when this run started."""
     requests: int = 0
     retries: int = 0
     started_at: float = field(default_factory=time.monotonic)
@@ -70,6 +75,24 @@ class Progress:
     def committed(self, offset: int) -> None:
         self.stats.server_offset = offset
 
+    def accepted(self, lines: int) -> None:
+        """An upload's receipt: `lines` more committed."""
+        self.stats.lines_accepted += lines
+        if self.stats.server_lines is not None:
+            self.stats.server_lines += lines
+
+    def stream(self, offset: int, lines: int) -> None:
+        """The server's own count, read at start and after every failure.
+
+        An upload cut by a crash or a dropped connection returns no receipt, yet the server
+        committed part of it: the count is taken from the server, not summed from receipts.
+        """
+        stats = self.stats
+        if stats.lines_before is None:
+            stats.lines_before = lines
+        stats.server_offset, stats.server_lines = offset, lines
+        stats.lines_accepted = lines - stats.lines_before
+
     def warn(self, message: str) -> None:
         self.console.print(f"[yellow]warning:[/] {message}", highlight=False)
 
@@ -77,10 +100,11 @@ class Progress:
         stats = self.stats
         offset = "unknown" if stats.server_offset is None else str(stats.server_offset)
         retries = f", {stats.retries} retries" if stats.retries else ""
+        held = "" if stats.server_lines is None else f", {stats.server_lines} lines in the stream"
         return (
             f"shipped to {where}: {stats.lines_accepted} lines accepted, "
             f"{human_bytes(stats.bytes_sent)} sent in {stats.requests} requests{retries}; "
-            f"server offset {offset}"
+            f"server offset {offset}{held}"
         )
 
     def lines_per_second(self, now: float) -> float:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -16,6 +18,7 @@ from tests.conftest import backend_env, run_service
 from tests.servers import ServiceProcess
 
 TEXT = {"Content-Type": "text/plain"}
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -27,6 +30,14 @@ def service(
     env["DIAGNOSER_INGEST__MAX_JSON_BODY_BYTES"] = "4096"
     env["DIAGNOSER_INGEST__MAX_LINE_BYTES"] = "1024"
     yield from run_service(env)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def quiet_service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """The default idle timeout (60 s): an upload may stay open and silent for a while."""
+    yield from run_service(backend_env(request, tmp_path_factory.mktemp("data")))
 
 
 def logs_url(service: ServiceProcess, job: str) -> str:
@@ -363,3 +374,203 @@ def test_over_the_admission_limit_clients_are_told_to_retry(tmp_path: Path) -> N
         assert refused.headers["Retry-After"] == "1"
     finally:
         process.stop()
+
+
+def test_a_failure_at_the_tail_of_an_open_upload_is_diagnosed_while_it_stays_open(
+    quiet_service: ServiceProcess,
+) -> None:
+    """The process that printed the error died; its launcher's upload stays open, silent."""
+    tail = (
+        b"[rank3]: iteration 1200 | loss 1.873 | lr 3.0e-4\n"
+        b"[rank3]: Traceback (most recent call last):\n"
+        b'[rank3]:   File "/workspace/train.py", line 212, in <module>\n'
+        b"[rank3]:     loss.backward()\n"
+        b"[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        b"GPU 3 has a total capacity of 79.15 GiB of which 1.12 GiB is free.\n"
+    )
+    url = f"{quiet_service.base_url}/v1/jobs/open-tail/diagnoses"
+
+    async def upload_and_poll() -> tuple[list[dict[str, object]], httpx.Response]:
+        gate = asyncio.Event()
+
+        async def body() -> AsyncIterator[bytes]:
+            yield tail
+            await gate.wait()  # nothing follows the failure until the test has looked
+
+        async with httpx.AsyncClient(timeout=60) as client:
+            upload = asyncio.create_task(
+                client.post(
+                    logs_url(quiet_service, "open-tail"),
+                    params={"node": "gpu-017", "rank": 3, "offset": 0},
+                    content=body(),
+                    headers=TEXT,
+                )
+            )
+            deadline = time.monotonic() + 20
+            diagnoses: list[dict[str, object]] = []
+            while not diagnoses and time.monotonic() < deadline and not upload.done():
+                await asyncio.sleep(0.2)
+                diagnoses = (await client.get(url)).json()["diagnoses"]
+            still_open = not upload.done()
+            gate.set()
+            response = await upload
+            assert still_open, response.text
+            return diagnoses, response
+
+    diagnoses, response = asyncio.run(upload_and_poll())
+    assert [d["failure_type"] for d in diagnoses] == ["cuda_oom"]
+    assert response.status_code == 200
+    assert response.json()["next_offset"] == len(tail)
+
+
+def test_the_readme_curl_example_posts_a_shipped_log_that_is_diagnosed(
+    service: ServiceProcess,
+) -> None:
+    readme = (REPO / "README.md").read_text()
+    posted = re.findall(r"--data-binary @(\S+)", readme)
+    assert posted
+    for name in posted:
+        assert (REPO / name).is_file(), f"README posts {name}, which is not in the repository"
+    example = (REPO / posted[0]).read_bytes()
+    response = post(service, "readme-example", example, node="gpu-017", rank=3, offset=0)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["lines_accepted"] == example.count(b"\n")
+    assert answer["warnings"] == []
+    assert len(answer["diagnoses"]) == 1
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-ndjson"])
+def test_an_empty_body_is_answered_with_a_warning(
+    service: ServiceProcess, content_type: str
+) -> None:
+    response = httpx.post(
+        logs_url(service, "empty"),
+        params={"node": "n1"},
+        content=b"",
+        headers={"Content-Type": content_type},
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["lines_accepted"] == 0
+    assert answer["warnings"] == ["empty body: no lines received"]
+    assert {"job_id", "stream", "duplicate_bytes", "truncated_lines", "next_offset"} <= set(answer)
+
+
+def test_gzipped_text_is_decoded_as_it_streams_and_bombs_are_refused(
+    service: ServiceProcess,
+) -> None:
+    lines = b"".join(
+        f"iteration {i} | lm loss {2 - i / 1000:.4f}\n".encode() for i in range(100)
+    )  # under the 4 KiB cap
+    xid = b"NVRM: Xid (PCI:0000:2b:00): 79, pid=1234, GPU has fallen off the bus.\n"
+    compressed = gzip.compress(lines) + gzip.compress(xid)  # two members, as `cat a.gz b.gz`
+
+    async def upload() -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            for i in range(0, len(compressed), 100):
+                yield compressed[i : i + 100]
+
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await client.post(
+                logs_url(service, "gzip-text"),
+                params={"node": "gpu-3", "offset": 0},
+                content=body(),
+                headers={**TEXT, "Content-Encoding": "gzip"},
+            )
+
+    response = asyncio.run(upload())
+    assert response.status_code == 200, response.text
+    assert response.json()["lines_accepted"] == 101
+    assert response.json()["next_offset"] == len(lines) + len(xid)
+    [diagnosis] = httpx.get(f"{service.base_url}/v1/jobs/gzip-text/diagnoses").json()["diagnoses"]
+    assert diagnosis["evidence"][0]["text"] == xid.decode().strip()
+
+    gzipped = {**TEXT, "Content-Encoding": "gzip"}
+    bomb = gzip.compress(b"x\n" * 25_000_000)  # 50 MB of lines in about 50 KB
+    response = httpx.post(
+        logs_url(service, "gzip-bomb"), params={"node": "n1"}, content=bomb, headers=gzipped
+    )
+    assert response.status_code == 413
+    assert response.json()["error"] == "payload_too_large"
+    cut = httpx.post(
+        logs_url(service, "gzip-cut"),
+        params={"node": "n1"},
+        content=gzip.compress(lines)[:-20],
+        headers=gzipped,
+    )
+    assert cut.status_code == 422
+    assert cut.json()["error"] == "invalid_request"
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/json"])
+def test_an_unknown_content_encoding_is_415(service: ServiceProcess, content_type: str) -> None:
+    response = httpx.post(
+        logs_url(service, "brotli"),
+        params={"node": "n1"},
+        content=b"\x8b\x03\x80not really brotli",
+        headers={"Content-Type": content_type, "Content-Encoding": "br"},
+    )
+    assert response.status_code == 415
+    assert response.json()["error"] == "unsupported_media_type"
+    assert "br" in response.json()["detail"]
+    assert httpx.get(logs_url(service, "brotli"), params={"node": "n1"}).status_code == 404
+
+
+XID = "NVRM: Xid (PCI:0000:2b:00): 79, pid=2412, GPU has fallen off the bus."
+
+
+def evidence_times(service: ServiceProcess, job_id: str) -> list[float]:
+    [diagnosis] = httpx.get(f"{service.base_url}/v1/jobs/{job_id}/diagnoses").json()["diagnoses"]
+    return [item["time"] for item in diagnosis["evidence"]]
+
+
+def test_a_records_own_time_is_the_evidence_time(service: ServiceProcess) -> None:
+    """A Fluent Bit buffer replayed after an outage: the lines are hours old when they arrive."""
+    written = time.time() - 3 * 3600
+    ndjson = (
+        json.dumps({"line": "iteration 10 | lm loss 1.93", "ts": written - 60})
+        + "\n"
+        # Several records, RFC 3339: the Xid record's own time, not the first record's.
+        + json.dumps({"line": XID, "ts": datetime.fromtimestamp(written, UTC).isoformat()})
+        + "\n"
+    ).encode()
+    response = httpx.post(
+        logs_url(service, "record-time"),
+        params={"node": "gpu-3"},
+        content=ndjson,
+        headers={"Content-Type": "application/x-ndjson"},
+    )
+    assert response.status_code == 200, response.text
+    assert evidence_times(service, "record-time") == [pytest.approx(written, abs=1e-3)]
+    fluent_bit = [{"date": written + 0.25, "log": XID + "\n"}]
+    response = httpx.post(logs_url(service, "fb-time"), params={"node": "gpu-3"}, json=fluent_bit)
+    assert response.status_code == 200, response.text
+    assert evidence_times(service, "fb-time") == [pytest.approx(written + 0.25, abs=1e-3)]
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        0,  # a sender that fills the field blindly
+        time.time() - 30 * 24 * 3600,  # a month old: older than any buffer replay
+        time.time() + 3600,  # an hour ahead of the server's clock
+        time.time() * 1000,  # milliseconds sent as seconds
+    ],
+    ids=["zero", "month-old", "hour-ahead", "milliseconds"],
+)
+def test_an_insane_record_time_gives_way_to_the_receive_time(
+    service: ServiceProcess, ts: float
+) -> None:
+    job_id = f"insane-{int(ts)}"
+    before = time.time()
+    response = httpx.post(
+        logs_url(service, job_id),
+        params={"node": "gpu-3"},
+        content=json.dumps({"line": XID, "ts": ts}).encode() + b"\n",
+        headers={"Content-Type": "application/x-ndjson"},
+    )
+    after = time.time()
+    assert response.status_code == 200, response.text
+    [evidence_time] = evidence_times(service, job_id)
+    assert before - 1 <= evidence_time <= after + 1

@@ -145,6 +145,8 @@ def test_a_second_run_ships_only_what_was_appended(
     again.shipper.run()
     assert_stream_is(log_server, job, path.read_bytes())
     assert again.shipper.progress.stats.lines_accepted == 500
+    assert "500 lines accepted" in again.shipper.progress.summary("here")
+    assert "1500 lines in the stream" in again.shipper.progress.summary("here")
 
 
 def test_a_file_replaced_since_the_last_run_continues_the_stream(
@@ -186,6 +188,12 @@ def test_resumes_after_connections_drop_mid_upload_without_loss_or_doubling(
     assert run.shipper.progress.stats.retries >= 4
     assert "upload interrupted" in run.output.getvalue()
     assert_stream_is(log_server, job, data)
+    # The server committed part of each cut request, whose receipt never came back: the
+    # count is the server's, not the sum of the receipts.
+    assert run.shipper.progress.stats.lines_accepted == 40_000
+    summary = run.shipper.progress.summary("here")
+    assert "40000 lines accepted" in summary
+    assert "40000 lines in the stream" in summary
 
 
 def test_honours_503_with_retry_after(
