@@ -2,13 +2,18 @@
 
 It sits in the ingest pipeline, so it only scans and remembers (in memory, bounded); turning a
 changed verdict into a stored diagnosis is the flow's job, after the lines are committed.
+
+Memory is not the record: a job's live state is gone after a service restart or an eviction,
+and the flow then hands the stored diagnosis's evidence back (`absorb`) before it updates it.
+Eviction prefers quiet jobs, so that a flood of new jobs pushes out those with nothing pending
+before any with an open incident.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from diagnoser.diagnosis import hang
@@ -36,6 +41,11 @@ def verdict_key(verdict: Verdict) -> tuple[object, ...]:
         verdict.rule_ids,
         verdict.affected_ranks,
     )
+
+
+def event_key(event: RuleEvent) -> tuple[str, str, int | None]:
+    """One piece of evidence per (rule, node, rank), here as in correlation."""
+    return (event.rule_id, event.node, event.rank)
 
 
 @dataclass
@@ -68,20 +78,27 @@ class JobState:
     """Progress came back after a reported hang; the flow resolves that diagnosis."""
 
     @property
+    def incident(self) -> bool:
+        """Something the flow still needs is here: unsettled events, a failure, a hang, or a
+        hang's resolve to store. Such jobs are evicted only when every job has one."""
+        return self.dirty or self.failing or self.resumed or self.hung_since is not None
+
+    @property
     def since(self) -> float:
         """Where the current stall starts: the last step, or the last line for a job without."""
         return self.last_step_at if self.last_step_at is not None else self.last_line_at
 
     def add(self, events: list[RuleEvent]) -> None:
         for event in events:
-            key = (event.rule_id, event.node, event.rank)
+            key = event_key(event)
             if key not in self.events and len(self.events) < MAX_EVENTS_PER_JOB:
                 self.events[key] = event
                 self.dirty = True
 
 
 class DiagnosisStage:
-    """Per-job scanners, least recently active evicted past `max_jobs`."""
+    """Per-job scanners, at most `max_jobs`: past it, the least recently active job without an
+    incident is evicted (the least recently active of all when every job has one)."""
 
     def __init__(
         self,
@@ -94,19 +111,39 @@ class DiagnosisStage:
         self.clock = clock
         self.max_jobs = max_jobs
         self.jobs: OrderedDict[str, JobState] = OrderedDict()
+        self._quiet: OrderedDict[str, None] = OrderedDict()
+        """The jobs without an incident, least recently active first: evicted first."""
         self.events_by_rule: Counter[str] = Counter()
         """Every rule match, repeats included (bounded by the number of rules)."""
 
     def _job(self, job_id: str) -> JobState:
         state = self.jobs.get(job_id)
         if state is None:
+            while self.jobs and len(self.jobs) >= self.max_jobs:
+                self._evict()
             ruleset = self.registry.active  # a job keeps the rule set it started with
             state = self.jobs[job_id] = JobState(ruleset, JobScanner(ruleset))
-            while len(self.jobs) > self.max_jobs:
-                self.jobs.popitem(last=False)
+            self._quiet[job_id] = None
         else:
             self.jobs.move_to_end(job_id)
+            if job_id in self._quiet:
+                self._quiet.move_to_end(job_id)
         return state
+
+    def _evict(self) -> None:
+        """Drop one job's live state; what it had stored comes back through `absorb`."""
+        if self._quiet:
+            job_id, _ = self._quiet.popitem(last=False)
+        else:
+            job_id = next(iter(self.jobs))
+        del self.jobs[job_id]
+
+    def _file(self, job_id: str, state: JobState) -> None:
+        """Keep the eviction order in step after the job's incident state may have changed."""
+        if state.incident:
+            self._quiet.pop(job_id, None)
+        elif job_id not in self._quiet and self.jobs.get(job_id) is state:
+            self._quiet[job_id] = None
 
     def process(self, key: StreamKey, batch: LineBatch) -> None:
         state = self._job(key.job_id)
@@ -120,6 +157,7 @@ class DiagnosisStage:
         if events:
             state.add(events)
             self.events_by_rule.update(event.rule_id for event in events)
+        self._file(key.job_id, state)
 
     def _observe_time(
         self, state: JobState, node: str, batch: LineBatch, now: float, step: int | None
@@ -160,6 +198,7 @@ class DiagnosisStage:
         lifecycle.record(event)
         state.lifecycle = lifecycle
         state.checked_since = None
+        self._file(job_id, state)
 
     def is_restart(self, job_id: str, event: hang.LifecycleEvent) -> bool:
         state = self.jobs.get(job_id)
@@ -203,6 +242,7 @@ class DiagnosisStage:
         if state is None or not state.resumed:
             return False
         state.resumed = False
+        self._file(job_id, state)
         return True
 
     def stall_candidates(self, timeout_s: float) -> list[tuple[str, float]]:
@@ -257,6 +297,7 @@ class DiagnosisStage:
             return False
         state.hung_since = since
         state.last = verdict_key(verdict)
+        self._file(job_id, state)
         return True
 
     def flag_resumed(self, job_id: str) -> None:
@@ -264,6 +305,7 @@ class DiagnosisStage:
         state = self.jobs.get(job_id)
         if state is not None:
             state.resumed = True
+            self._file(job_id, state)
 
     def progress(self, job_id: str) -> dict[str, int] | None:
         state = self.jobs.get(job_id)
@@ -277,8 +319,44 @@ class DiagnosisStage:
         state.dirty = False
         verdict = correlate(list(state.events.values()), state.ruleset, state.nodes)
         state.failing = verdict.status is not Status.HEALTHY
+        self._file(job_id, state)
         key = verdict_key(verdict)
         if key == state.last:
             return None
         state.last = key
         return verdict, state.ruleset
+
+    def ruleset(self, job_id: str) -> RuleSet | None:
+        """The rule set the job's live state scans with (None: no live state)."""
+        state = self.jobs.get(job_id)
+        return state.ruleset if state is not None else None
+
+    def event_keys(self, job_id: str) -> Collection[tuple[str, str, int | None]]:
+        """The (rule, node, rank) of every event the job's live state holds."""
+        state = self.jobs.get(job_id)
+        return state.events.keys() if state is not None else ()
+
+    def absorb(
+        self, job_id: str, events: list[RuleEvent], nodes: Collection[str] = ()
+    ) -> Verdict | None:
+        """Stored evidence this live state has not seen joins it, and the verdict is made again.
+
+        The events come from the job's open diagnosis, stored before this state began (the
+        service restarted, the job was evicted, or another replica stored them); `nodes` are
+        all the nodes the job's logs came from. The result is what one process that had seen
+        every line would conclude. None when nothing was new, or the state is gone.
+        """
+        state = self.jobs.get(job_id)
+        if state is None:
+            return None
+        new = [event for event in events if event_key(event) not in state.events]
+        if not new:
+            return None
+        for event in new:  # past MAX_EVENTS_PER_JOB too: stored evidence is bounded already
+            state.events.setdefault(event_key(event), event)
+        state.nodes.update(nodes)
+        verdict = correlate(list(state.events.values()), state.ruleset, state.nodes)
+        state.failing = verdict.status is not Status.HEALTHY
+        state.last = verdict_key(verdict)
+        self._file(job_id, state)
+        return verdict

@@ -327,3 +327,52 @@ def test_metrics_count_lines_rule_events_and_diagnoses(service: ServiceProcess) 
         1,
     ]
     assert metric(service, "diagnoser_jobs_tracked") >= 1
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """A fresh database on each backend, for tests that start and stop their own service."""
+    return backend_env(request, tmp_path)
+
+
+def incident_fields(diagnosis: dict[str, object]) -> dict[str, object]:
+    """What the on-call engineer reads, without ids and times (receive times differ by run)."""
+    evidence = diagnosis["evidence"]
+    assert isinstance(evidence, list)
+    return {
+        **{key: diagnosis[key] for key in ("failure_type", "category", "action", "summary")},
+        **{key: diagnosis[key] for key in ("culprit_nodes", "rule_ids", "affected_ranks")},
+        **{key: diagnosis[key] for key in ("confidence", "source")},
+        "evidence": [(e["node"], e["rank"], e["rule_id"], e["text"]) for e in evidence],
+    }
+
+
+def timeouts_on_gpu_017(service: ServiceProcess, job: str) -> None:
+    send(service, job, "gpu-017", NOISE + "".join(TIMEOUT.format(rank=r) for r in range(8, 12)))
+
+
+def test_a_service_restart_between_timeouts_and_an_xid_keeps_the_earlier_evidence(
+    backend: dict[str, str],
+) -> None:
+    process = ServiceProcess(env=backend)
+    process.start()
+    try:
+        for job in ("steady", "restarted"):
+            timeouts_on_gpu_017(process, job)
+        [before] = job_diagnoses(process, "restarted")
+        send(process, "steady", "gpu-3", XID79)
+        process.stop()
+        process.start()  # a new process on the same database: no live state for either job
+        response = send(process, "restarted", "gpu-3", XID79)
+        [steady] = job_diagnoses(process, "steady")
+        [after] = job_diagnoses(process, "restarted")
+    finally:
+        process.stop()
+    assert response["diagnoses"] == [after["id"]] == [before["id"]]
+    assert (after["action"], after["culprit_nodes"]) == ("cordon_node_and_restart", ["gpu-3"])
+    assert set(after["rule_ids"]) == {"xid_fallen_off_bus", "nccl_watchdog_timeout"}  # type: ignore[arg-type]
+    assert after["affected_ranks"] == [8, 9, 10, 11]
+    texts = [e["text"] for e in after["evidence"]]  # type: ignore[attr-defined]
+    assert texts[0] == XID79.strip()  # the hardware fault outranks the timeouts it caused
+    assert {e["text"] for e in before["evidence"]} <= set(texts)  # type: ignore[attr-defined]
+    assert incident_fields(after) == incident_fields(steady)
