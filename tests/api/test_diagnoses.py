@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -335,14 +336,12 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     return backend_env(request, tmp_path)
 
 
-def incident_fields(diagnosis: dict[str, object]) -> dict[str, object]:
+def incident_fields(diagnosis: dict[str, object]) -> dict[str, Any]:
     """What the on-call engineer reads, without ids and times (receive times differ by run)."""
-    evidence = diagnosis["evidence"]
-    assert isinstance(evidence, list)
+    fields = ("failure_type", "category", "action", "summary", "culprit_nodes", "rule_ids")
+    evidence: list[dict[str, Any]] = diagnosis["evidence"]  # type: ignore[assignment]
     return {
-        **{key: diagnosis[key] for key in ("failure_type", "category", "action", "summary")},
-        **{key: diagnosis[key] for key in ("culprit_nodes", "rule_ids", "affected_ranks")},
-        **{key: diagnosis[key] for key in ("confidence", "source")},
+        **{key: diagnosis[key] for key in (*fields, "affected_ranks", "confidence", "source")},
         "evidence": [(e["node"], e["rank"], e["rule_id"], e["text"]) for e in evidence],
     }
 
@@ -369,10 +368,11 @@ def test_a_service_restart_between_timeouts_and_an_xid_keeps_the_earlier_evidenc
     finally:
         process.stop()
     assert response["diagnoses"] == [after["id"]] == [before["id"]]
-    assert (after["action"], after["culprit_nodes"]) == ("cordon_node_and_restart", ["gpu-3"])
-    assert set(after["rule_ids"]) == {"xid_fallen_off_bus", "nccl_watchdog_timeout"}  # type: ignore[arg-type]
-    assert after["affected_ranks"] == [8, 9, 10, 11]
-    texts = [e["text"] for e in after["evidence"]]  # type: ignore[attr-defined]
+    got = incident_fields(after)
+    assert (got["action"], got["culprit_nodes"]) == ("cordon_node_and_restart", ["gpu-3"])
+    assert set(got["rule_ids"]) == {"xid_fallen_off_bus", "nccl_watchdog_timeout"}
+    assert got["affected_ranks"] == [8, 9, 10, 11]
+    texts = [text for *_, text in got["evidence"]]
     assert texts[0] == XID79.strip()  # the hardware fault outranks the timeouts it caused
-    assert {e["text"] for e in before["evidence"]} <= set(texts)  # type: ignore[attr-defined]
-    assert incident_fields(after) == incident_fields(steady)
+    assert {text for *_, text in incident_fields(before)["evidence"]} <= set(texts)
+    assert got == incident_fields(steady)
