@@ -230,6 +230,8 @@ class DiagnosisFlow:
                     continue
                 verdict, ruleset, since = found
                 async with self._job_lock(job_id):
+                    if await self._failure_stored(job_id):
+                        continue  # the live state had lost it: a failure, not a hang, stopped it
                     stored.append(await self._store(job_id, verdict, ruleset.digest, hang=True))
                     self.hangs["reported"] += 1
                     if self.stage.mark_hung(job_id, since, verdict) is False:
@@ -253,7 +255,8 @@ class DiagnosisFlow:
         Called before the event is stored, so the database holds only earlier events. On a
         restart, the old attempt's open hang is resolved and what it found but had not
         stored yet is stored; only then does its live state start over. The last check and the
-        reset run without an await between them, so no scanned line falls in between.
+        reset run without an await between them, so no scanned line falls in between. The open
+        diagnosis's evidence is then the earlier attempt's: kept, but not correlated again.
         """
         if self.stage.tracks(job_id) and self.stage.needs_lifecycle(job_id, float("inf")):
             # What this process has not seen (events before its own restart, or posted to
@@ -261,8 +264,9 @@ class DiagnosisFlow:
             with contextlib.suppress(Exception):
                 self.stage.load_lifecycle(job_id, await self._lifecycle(job_id))
         if not self.stage.is_restart(job_id, event):
-            if event.kind == "started" and not self.stage.tracks(job_id):
-                # No live attempt here to settle, but the database may know this is a restart.
+            if event.kind == "started":
+                # No attempt here to settle (none seen since this process started, say), but
+                # the database may know that this starts a new one.
                 try:
                     if await self._is_restart(job_id, event):
                         async with self._job_lock(job_id):
@@ -318,24 +322,35 @@ class DiagnosisFlow:
         async with self.sessions.begin() as session:
             await end_attempt(session, job_id)
 
-    async def _with_stored(
-        self, session: AsyncSession, job_id: str, row: DiagnosisRow, verdict: Verdict
-    ) -> Verdict:
-        """The verdict over the row's stored evidence and the live state's together.
+    async def _absorb_stored(
+        self, session: AsyncSession, job_id: str, row: DiagnosisRow
+    ) -> Verdict | None:
+        """The verdict over the row's stored evidence and the live state's together; None when
+        the live state knew all of it already (or is gone).
 
         Live state that began after the evidence was stored (a service restart, an eviction,
         another replica) does not know it; without this an Xid after a restart would replace
         the timeouts before it instead of outranking them."""
         ruleset = self.stage.ruleset(job_id)
         if ruleset is None:
-            return verdict
+            return None
         known = self.stage.event_keys(job_id)
         unseen = (r for r in row.evidence or [] if record_key(r) not in known)
         events = [e for r in unseen if (e := stored_event(r, ruleset)) is not None]
         if not events:
-            return verdict
-        nodes = await job_nodes(session, job_id)
-        return self.stage.absorb(job_id, events, nodes) or verdict
+            return None
+        return self.stage.absorb(job_id, events, await job_nodes(session, job_id))
+
+    async def _failure_stored(self, job_id: str) -> bool:
+        """The job's open diagnosis is a failure of this attempt that its live state does not
+        know (restart, eviction): that failure explains the stall. The live state takes its
+        evidence back and stops counting the job as a hang candidate."""
+        async with self.sessions.begin() as session:
+            row = await active_for_job(session, job_id)
+            if row is None or row.failure_type == "hang":
+                return False
+            verdict = await self._absorb_stored(session, job_id, row)
+        return verdict is not None and verdict.status is not Status.HEALTHY
 
     async def _store(self, job_id: str, verdict: Verdict, digest: str, hang: bool = False) -> str:
         async with self.sessions.begin() as session:
@@ -356,7 +371,7 @@ class DiagnosisFlow:
                 )
                 session.add(row)
             elif not hang:
-                verdict = await self._with_stored(session, job_id, row, verdict)
+                verdict = await self._absorb_stored(session, job_id, row) or verdict
             apply(row, verdict, digest)
             row.progress = merged_progress(row.progress, self.stage.progress(job_id))
             await session.flush()

@@ -5,8 +5,10 @@ changed verdict into a stored diagnosis is the flow's job, after the lines are c
 
 Memory is not the record: a job's live state is gone after a service restart or an eviction,
 and the flow then hands the stored diagnosis's evidence back (`absorb`) before it updates it.
-Eviction prefers quiet jobs, so that a flood of new jobs pushes out those with nothing pending
-before any with an open incident.
+Eviction goes by what it would lose (`JobState.keep`): a flood of new one-batch jobs evicts its
+own kind first, then jobs whose failure is stored (their evidence comes back), then established
+quiet jobs (their progress and tails, which hang detection needs, would not), and jobs with
+something not yet stored only when every job has that.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ TAIL_LINES = 5
 TAIL_LINE_CHARS = 2048
 """Tail lines kept for hang evidence are cut here: 10,000 jobs x nodes x 5 stays bounded."""
 STEP_INTERVALS = 16
+KEEP_NEW, KEEP_STORED, KEEP_ESTABLISHED, KEEP_PENDING = range(4)
+"""Eviction classes, evicted in this order: a quiet job that sent one batch; a failing job
+(its diagnosis is stored, and `absorb` brings its evidence back); a quiet job known longer (its
+progress and tails cannot be rebuilt); events not yet settled, a hang, or a hang's resolve."""
 
 
 def verdict_key(verdict: Verdict) -> tuple[object, ...]:
@@ -77,11 +83,17 @@ class JobState:
     resumed: bool = False
     """Progress came back after a reported hang; the flow resolves that diagnosis."""
 
+    batches: int = 0
+    """Batches seen: a job that sent one is new, perhaps junk, and the first to be evicted."""
+
     @property
-    def incident(self) -> bool:
-        """Something the flow still needs is here: unsettled events, a failure, a hang, or a
-        hang's resolve to store. Such jobs are evicted only when every job has one."""
-        return self.dirty or self.failing or self.resumed or self.hung_since is not None
+    def keep(self) -> int:
+        """What evicting the job would lose, from KEEP_NEW (least) to KEEP_PENDING (most)."""
+        if self.dirty or self.resumed or self.hung_since is not None:
+            return KEEP_PENDING
+        if self.failing:
+            return KEEP_STORED
+        return KEEP_ESTABLISHED if self.batches > 1 or self.lifecycle is not None else KEEP_NEW
 
     @property
     def since(self) -> float:
@@ -97,8 +109,8 @@ class JobState:
 
 
 class DiagnosisStage:
-    """Per-job scanners, at most `max_jobs`: past it, the least recently active job without an
-    incident is evicted (the least recently active of all when every job has one)."""
+    """Per-job scanners, at most `max_jobs`: past it, the least recently active job of the
+    lowest `JobState.keep` class present is evicted."""
 
     def __init__(
         self,
@@ -111,8 +123,9 @@ class DiagnosisStage:
         self.clock = clock
         self.max_jobs = max_jobs
         self.jobs: OrderedDict[str, JobState] = OrderedDict()
-        self._quiet: OrderedDict[str, None] = OrderedDict()
-        """The jobs without an incident, least recently active first: evicted first."""
+        self._by_keep: list[OrderedDict[str, None]] = [OrderedDict() for _ in range(4)]
+        """Job ids by eviction class, least recently active first."""
+        self._keep: dict[str, int] = {}
         self.events_by_rule: Counter[str] = Counter()
         """Every rule match, repeats included (bounded by the number of rules)."""
 
@@ -123,27 +136,27 @@ class DiagnosisStage:
                 self._evict()
             ruleset = self.registry.active  # a job keeps the rule set it started with
             state = self.jobs[job_id] = JobState(ruleset, JobScanner(ruleset))
-            self._quiet[job_id] = None
+            self._file(job_id, state)
         else:
             self.jobs.move_to_end(job_id)
-            if job_id in self._quiet:
-                self._quiet.move_to_end(job_id)
+            self._by_keep[self._keep[job_id]].move_to_end(job_id)
         return state
 
     def _evict(self) -> None:
         """Drop one job's live state; what it had stored comes back through `absorb`."""
-        if self._quiet:
-            job_id, _ = self._quiet.popitem(last=False)
-        else:
-            job_id = next(iter(self.jobs))
-        del self.jobs[job_id]
+        job_id, _ = next(jobs for jobs in self._by_keep if jobs).popitem(last=False)
+        del self.jobs[job_id], self._keep[job_id]
 
     def _file(self, job_id: str, state: JobState) -> None:
-        """Keep the eviction order in step after the job's incident state may have changed."""
-        if state.incident:
-            self._quiet.pop(job_id, None)
-        elif job_id not in self._quiet and self.jobs.get(job_id) is state:
-            self._quiet[job_id] = None
+        """Keep the eviction classes in step after something that may change the job's."""
+        if self.jobs.get(job_id) is not state:
+            return  # evicted meanwhile
+        keep, was = state.keep, self._keep.get(job_id)
+        if keep != was:
+            if was is not None:
+                del self._by_keep[was][job_id]
+            self._by_keep[keep][job_id] = None
+            self._keep[job_id] = keep
 
     def process(self, key: StreamKey, batch: LineBatch) -> None:
         state = self._job(key.job_id)
@@ -151,6 +164,7 @@ class DiagnosisStage:
         step = state.progress.last_step
         state.progress.observe(batch)
         state.nodes.add(key.node)
+        state.batches += 1
         if batch.lines:
             self._observe_time(state, key.node, batch, now, step)
         events = state.scanner.feed(key.node, key.rank, batch, now)
