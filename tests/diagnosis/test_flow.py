@@ -7,12 +7,15 @@ between its timeouts and its Xid. The restart case runs over HTTP in tests/api/t
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from diagnoser.config import IngestSettings
 from diagnoser.diagnosis.flow import DiagnosisFlow, apply, evidence_record, stored_event
@@ -27,10 +30,11 @@ from diagnoser.rules import RuleRegistry
 from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
 from diagnoser.store.diagnoses import active_for_job
 from diagnoser.store.migrate import upgrade
-from diagnoser.store.models import DiagnosisRow
+from diagnoser.store.models import DiagnosisRow, JobEventRow
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_JOBS = 4
+WINDOW = 1800.0
 TIMEOUT = (
     "[rank{rank}]:[E816 01:45:40.183009389 ProcessGroupNCCL.cpp:607] [Rank {rank}] Watchdog "
     "caught collective operation timeout: WorkNCCL(SeqNum=80078, OpType=BROADCAST, NumelIn=5056, "
@@ -42,11 +46,21 @@ NOISE = "iteration 1200/50000 | loss 2.3140 | lr 3.0e-04\n"
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.78 GiB.\n"
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @dataclass
 class Service:
     sessions: Sessions
     stage: DiagnosisStage
+    flow: DiagnosisFlow
     writer: StreamWriter
+    clock: Clock
 
     async def post(self, job: str, node: str, text: str) -> None:
         async def body() -> AsyncIterator[bytes]:
@@ -67,7 +81,8 @@ async def service(database_url: str) -> AsyncIterator[Service]:
     db = parse_database_url(database_url)
     upgrade(db)
     sessions = Sessions(create_service_engine(db), db)
-    stage = DiagnosisStage(RuleRegistry(ROOT / "rules"), max_jobs=MAX_JOBS)
+    clock = Clock()
+    stage = DiagnosisStage(RuleRegistry(ROOT / "rules"), clock=clock, max_jobs=MAX_JOBS)
     flow = DiagnosisFlow(sessions, stage, DiagnosisHub())
 
     async def settle(key: StreamKey) -> list[str]:
@@ -77,7 +92,7 @@ async def service(database_url: str) -> AsyncIterator[Service]:
         sessions, Pipeline([stage]), IngestSettings(), StreamLocks(), after_commit=settle
     )
     try:
-        yield Service(sessions, stage, writer)
+        yield Service(sessions, stage, flow, writer, clock)
     finally:
         await sessions.close()
 
@@ -131,7 +146,7 @@ async def test_a_job_restart_keeps_the_earlier_attempts_evidence_without_correla
 ) -> None:
     """After a launcher restart the new attempt's failure is what the diagnosis says; the old
     attempt's evidence stays in it, but does not outrank the new failure."""
-    flow = DiagnosisFlow(service.sessions, service.stage, DiagnosisHub())
+    flow = service.flow
     await flow.lifecycle("attempts", LifecycleEvent("started", None, 1.0))
     await service.post("attempts", "gpu-3", XID79)
     await flow.lifecycle("attempts", LifecycleEvent("exited", None, 2.0, 1))
@@ -142,6 +157,28 @@ async def test_a_job_restart_keeps_the_earlier_attempts_evidence_without_correla
     assert after["evidence"][0]["text"] == OOM.strip()
     assert XID79.strip() in [e["text"] for e in after["evidence"]]
     assert set(after["rule_ids"]) >= {"xid_fallen_off_bus"}
+
+
+async def test_a_failed_job_whose_live_state_was_evicted_is_not_reported_hung(
+    service: Service,
+) -> None:
+    """The surviving ranks print a little and stop: the stored failure explains it."""
+    await service.post("stopped", "gpu-017", NOISE)
+    async with service.sessions.begin() as session:
+        at = datetime.fromtimestamp(service.clock.now, UTC)
+        session.add(JobEventRow(job_id="stopped", type="started", ts=at, received_at=at))
+    await service.post("stopped", "gpu-017", NOISE + TIMEOUTS)
+    failure = await service.diagnosis("stopped")
+    for n in range(3 * MAX_JOBS):
+        await service.post(f"junk-{n}", "node-0", OOM)
+    assert not service.stage.tracks("stopped")
+    await service.post("stopped", "gpu-017", NOISE)
+    service.clock.now += WINDOW + 1
+    assert await service.flow.report_stalls(WINDOW) == []
+    assert (await service.diagnosis("stopped"))["id"] == failure["id"]
+    async with service.sessions.begin() as session:
+        rows = await session.scalars(select(DiagnosisRow).where(DiagnosisRow.job_id == "stopped"))
+        assert [row.failure_type for row in rows] == ["nccl_timeout"]
 
 
 def test_records_stored_before_rule_fields_were_kept_are_correlated_with_the_rule_pack() -> None:
