@@ -376,3 +376,32 @@ def test_a_service_restart_between_timeouts_and_an_xid_keeps_the_earlier_evidenc
     assert texts[0] == XID79.strip()  # the hardware fault outranks the timeouts it caused
     assert {text for *_, text in incident_fields(before)["evidence"]} <= set(texts)
     assert got == incident_fields(steady)
+
+
+def event(service: ServiceProcess, job: str, kind: str, **fields: object) -> None:
+    response = httpx.post(f"{service.base_url}/v1/jobs/{job}/events", json={"type": kind, **fields})
+    assert response.status_code == 201, response.text
+
+
+def test_a_job_restart_across_a_service_restart_judges_the_new_attempt_alone(
+    backend: dict[str, str],
+) -> None:
+    """The old attempt's Xid on gpu-3 stays as evidence, but gpu-3 is not cordoned again for
+    the new attempt's out-of-memory error on gpu-5."""
+    process = ServiceProcess(env=backend)
+    process.start()
+    try:
+        event(process, "attempts", "started")
+        send(process, "attempts", "gpu-3", XID79)
+        event(process, "attempts", "exited", exit_code=1)
+        process.stop()
+        process.start()
+        event(process, "attempts", "started")  # the launcher restarts the job
+        send(process, "attempts", "gpu-5", OOM)
+        [diagnosis] = job_diagnoses(process, "attempts")
+    finally:
+        process.stop()
+    got = incident_fields(diagnosis)
+    assert (got["failure_type"], got["action"]) == ("cuda_oom", "notify_user")
+    assert [text for *_, text in got["evidence"]] == [OOM.strip(), XID79.strip()]
+    assert set(got["rule_ids"]) >= {"xid_fallen_off_bus"}
