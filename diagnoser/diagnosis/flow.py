@@ -390,7 +390,7 @@ class DiagnosisFlow:
             if row is None or row.failure_type != "hang" or row.source == Source.HUMAN:
                 return []
             row.status = DiagnosisStatus.RESOLVED.value
-            row.progress = self.stage.progress(job_id)
+            row.progress = merged_progress(row.progress, self.stage.progress(job_id))
             step = (row.progress or {}).get("last_step")
             row.summary += f" Resolved: {why}{f' (step {step})' if step else ''}."
             row.updated_at = utcnow()

@@ -343,11 +343,14 @@ def incident_fields(diagnosis: dict[str, object]) -> dict[str, Any]:
     return {
         **{key: diagnosis[key] for key in (*fields, "affected_ranks", "confidence", "source")},
         "evidence": [(e["node"], e["rank"], e["rule_id"], e["text"]) for e in evidence],
+        "progress": diagnosis["progress"],
     }
 
 
 def timeouts_on_gpu_017(service: ServiceProcess, job: str) -> None:
-    send(service, job, "gpu-017", NOISE + "".join(TIMEOUT.format(rank=r) for r in range(8, 12)))
+    progress = "saving checkpoint at iteration    1000 to /ckpt/run7\n iteration 1250/50000\n"
+    timeouts = "".join(TIMEOUT.format(rank=r) for r in range(8, 12))
+    send(service, job, "gpu-017", NOISE + progress + timeouts)
 
 
 def test_a_service_restart_between_timeouts_and_an_xid_keeps_the_earlier_evidence(
@@ -375,6 +378,7 @@ def test_a_service_restart_between_timeouts_and_an_xid_keeps_the_earlier_evidenc
     texts = [text for *_, text in got["evidence"]]
     assert texts[0] == XID79.strip()  # the hardware fault outranks the timeouts it caused
     assert {text for *_, text in incident_fields(before)["evidence"]} <= set(texts)
+    assert got["progress"] == {"last_step": 1250, "last_checkpoint_step": 1000, "steps_lost": 250}
     assert got == incident_fields(steady)
 
 
