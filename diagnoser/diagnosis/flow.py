@@ -5,6 +5,12 @@ transaction, the job's open diagnosis (created, or updated as later evidence arr
 error after the timeouts upgrades a restart to a cordon) plus its outbox action; watchers are
 told after the commit.
 
+An update never drops what the diagnosis already holds. Live state is memory: after a service
+restart or an LRU eviction it knows only the lines posted since, so the stored evidence is made
+into rule events again and correlated with the new ones (the verdict is the one a process that
+had seen every line would reach), and the row keeps its earlier evidence, rule ids and ranks.
+Evidence from before a job restart (`EARLIER_ATTEMPT`) is kept but not correlated again.
+
 The hang detector (`watch_stalls`) is the other producer: a job that stopped without a reason
 gets its hang diagnosis through the same store-and-outbox step, and progress resuming later
 resolves it.
@@ -19,21 +25,26 @@ import contextlib
 import logging
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from diagnoser.diagnosis.correlate import Source, Status, Verdict
-from diagnoser.diagnosis.hang import LifecycleEvent
+from diagnoser.diagnosis.hang import RULE_ID as HANG_RULE_ID
+from diagnoser.diagnosis.hang import Lifecycle, LifecycleEvent
 from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.diagnosis.schemas import DiagnosisStatus, DiagnosisView
-from diagnoser.rules import RuleEvent
+from diagnoser.rules import Action, Category, RuleEvent, RuleSet, Scope, Severity
 from diagnoser.store.database import Sessions
 from diagnoser.store.diagnoses import (
+    EARLIER_ATTEMPT,
     active_for_job,
+    end_attempt,
+    job_nodes,
     lifecycle_events,
     queue_action,
     set_culprits,
@@ -45,9 +56,13 @@ logger = logging.getLogger(__name__)
 MAX_EVIDENCE = 50
 MAX_SETTLES_BEFORE_RESTART = 3
 CONTEXT_LINES = 5
+RULE_FIELDS = ("failure_type", "category", "action", "severity", "scope")
+"""What the rule said about a line, stored with its evidence (records from before: the rule's)."""
 
 
 def evidence_record(event: RuleEvent) -> dict[str, Any]:
+    """The stored form of a piece of evidence: what the API shows, and what the rule said
+    (type, class, action, captures), so that the event can be correlated again later."""
     return {
         "node": event.node,
         "rank": event.rank,
@@ -57,14 +72,99 @@ def evidence_record(event: RuleEvent) -> dict[str, Any]:
         "rule_id": event.rule_id,
         "text": event.text,
         "context": list(event.evidence[-CONTEXT_LINES:]),
+        "failure_type": event.failure_type,
+        "category": event.category.value,
+        "action": event.action.value,
+        "severity": event.severity.value,
+        "scope": event.scope.value,
+        "entities": dict(event.entities),
     }
 
 
+def record_key(record: Mapping[str, Any]) -> tuple[object, object, object]:
+    return (record.get("rule_id"), record.get("node"), record.get("rank"))
+
+
+def stored_event(record: Mapping[str, Any], ruleset: RuleSet) -> RuleEvent | None:
+    """The rule event a stored record was made from; None when it cannot take part in
+    correlation again (a hang's tail line, an earlier attempt, a rule no longer known).
+
+    Records stored before the rule's own fields were kept take them from the job's rule set.
+    """
+    if record.get(EARLIER_ATTEMPT) or record.get("rule_id") == HANG_RULE_ID:
+        return None
+    said = dict(record)
+    rule = ruleset.by_id.get(str(record.get("rule_id")))
+    if rule is not None and not said.keys() >= set(RULE_FIELDS):
+        spec = rule.spec
+        fields = (spec.failure_type, spec.category, spec.action, spec.severity, spec.scope)
+        said = dict(zip(RULE_FIELDS, fields, strict=True)) | said
+    try:
+        rank = record.get("rank")
+        return RuleEvent(
+            rule_id=str(record["rule_id"]),
+            failure_type=str(said["failure_type"]),
+            category=Category(said["category"]),
+            action=Action(said["action"]),
+            severity=Severity(said["severity"]),
+            scope=Scope(said["scope"]),
+            entities={str(k): str(v) for k, v in dict(record.get("entities") or {}).items()},
+            text=str(record["text"]),
+            offset=int(record["offset"]),
+            line_no=int(record["line_no"]),
+            node=str(record["node"]),
+            rank=None if rank is None else int(rank),
+            time=float(record["time"]),
+            evidence=tuple(str(line) for line in record.get("context") or ()),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def merged_evidence(
+    stored: list[dict[str, Any]], events: Iterable[RuleEvent]
+) -> list[dict[str, Any]]:
+    """The verdict's evidence in its order (root first), with every stored record kept.
+
+    A stored record stands for its (rule, node, rank) as it was first stored. New records fill
+    the room left under MAX_EVIDENCE; a new root is always added. What the verdict no longer
+    carries (an earlier attempt's, a hang's tail lines) follows at the end.
+    """
+    current = {record_key(r): r for r in stored if not r.get(EARLIER_ATTEMPT)}
+    room = MAX_EVIDENCE - len(stored)
+    merged = []
+    for i, event in enumerate(events):
+        record = current.pop((event.rule_id, event.node, event.rank), None)
+        if record is None and (room > 0 or i == 0):
+            record = evidence_record(event)
+            room -= 1
+        if record is not None:
+            merged.append(record)
+    kept = {id(r) for r in merged}
+    merged.extend(r for r in stored if id(r) not in kept)
+    return merged
+
+
+def merged_progress(
+    stored: dict[str, Any] | None, live: dict[str, int] | None
+) -> dict[str, Any] | None:
+    """Live progress over the stored one: a fresh live state may not have seen the checkpoint."""
+    if stored is None or live is None:
+        return live if live is not None else stored
+    merged = {**stored, **live}
+    step, checkpoint = merged.get("last_step"), merged.get("last_checkpoint_step")
+    if isinstance(step, int) and isinstance(checkpoint, int):
+        merged["steps_lost"] = max(0, step - checkpoint)
+    return merged
+
+
 def apply(row: DiagnosisRow, verdict: Verdict, digest: str) -> None:
-    """Write the verdict into the row; a human's override of category and action stands."""
-    row.evidence = [evidence_record(e) for e in verdict.evidence[:MAX_EVIDENCE]]
-    row.rule_ids = list(verdict.rule_ids)
-    row.affected_ranks = list(verdict.affected_ranks)
+    """Write the verdict into the row; a human's override of category and action stands.
+
+    Evidence, rule ids and affected ranks only grow: what the row held is kept."""
+    row.evidence = merged_evidence(list(row.evidence or []), verdict.evidence)
+    row.rule_ids = list(dict.fromkeys([*verdict.rule_ids, *(row.rule_ids or [])]))
+    row.affected_ranks = sorted({*verdict.affected_ranks, *(row.affected_ranks or [])})
     row.ruleset_digest = digest
     row.updated_at = utcnow()
     if row.source == Source.HUMAN:
@@ -130,6 +230,8 @@ class DiagnosisFlow:
                     continue
                 verdict, ruleset, since = found
                 async with self._job_lock(job_id):
+                    if await self._failure_stored(job_id):
+                        continue  # the live state had lost it: a failure, not a hang, stopped it
                     stored.append(await self._store(job_id, verdict, ruleset.digest, hang=True))
                     self.hangs["reported"] += 1
                     if self.stage.mark_hung(job_id, since, verdict) is False:
@@ -153,7 +255,8 @@ class DiagnosisFlow:
         Called before the event is stored, so the database holds only earlier events. On a
         restart, the old attempt's open hang is resolved and what it found but had not
         stored yet is stored; only then does its live state start over. The last check and the
-        reset run without an await between them, so no scanned line falls in between.
+        reset run without an await between them, so no scanned line falls in between. The open
+        diagnosis's evidence is then the earlier attempt's: kept, but not correlated again.
         """
         if self.stage.tracks(job_id) and self.stage.needs_lifecycle(job_id, float("inf")):
             # What this process has not seen (events before its own restart, or posted to
@@ -161,6 +264,15 @@ class DiagnosisFlow:
             with contextlib.suppress(Exception):
                 self.stage.load_lifecycle(job_id, await self._lifecycle(job_id))
         if not self.stage.is_restart(job_id, event):
+            if event.kind == "started":
+                # No attempt here to settle (none seen since this process started, say), but
+                # the database may know that this starts a new one.
+                try:
+                    if await self._is_restart(job_id, event):
+                        async with self._job_lock(job_id):
+                            await self._end_attempt(job_id)
+                except Exception:
+                    logger.exception("ending job %s's earlier attempt failed", job_id)
             self.stage.record_lifecycle(job_id, event)
             return
         try:
@@ -168,6 +280,8 @@ class DiagnosisFlow:
                 await self._resolve_hang(job_id, "the job was restarted")
             for _ in range(MAX_SETTLES_BEFORE_RESTART):
                 await self.settle(job_id)
+                async with self._job_lock(job_id):
+                    await self._end_attempt(job_id)
                 if not self.stage.unsettled(job_id):
                     break
         except Exception:  # the restart must still begin: the next commit settles again
@@ -198,6 +312,46 @@ class DiagnosisFlow:
             for row in rows
         ]
 
+    async def _is_restart(self, job_id: str, event: LifecycleEvent) -> bool:
+        lifecycle = Lifecycle()
+        for earlier in await self._lifecycle(job_id):
+            lifecycle.record(earlier)
+        return lifecycle.is_restart(event)
+
+    async def _end_attempt(self, job_id: str) -> None:
+        async with self.sessions.begin() as session:
+            await end_attempt(session, job_id)
+
+    async def _absorb_stored(
+        self, session: AsyncSession, job_id: str, row: DiagnosisRow
+    ) -> Verdict | None:
+        """The verdict over the row's stored evidence and the live state's together; None when
+        the live state knew all of it already (or is gone).
+
+        Live state that began after the evidence was stored (a service restart, an eviction,
+        another replica) does not know it; without this an Xid after a restart would replace
+        the timeouts before it instead of outranking them."""
+        ruleset = self.stage.ruleset(job_id)
+        if ruleset is None:
+            return None
+        known = self.stage.event_keys(job_id)
+        unseen = (r for r in row.evidence or [] if record_key(r) not in known)
+        events = [e for r in unseen if (e := stored_event(r, ruleset)) is not None]
+        if not events:
+            return None
+        return self.stage.absorb(job_id, events, await job_nodes(session, job_id))
+
+    async def _failure_stored(self, job_id: str) -> bool:
+        """The job's open diagnosis is a failure of this attempt that its live state does not
+        know (restart, eviction): that failure explains the stall. The live state takes its
+        evidence back and stops counting the job as a hang candidate."""
+        async with self.sessions.begin() as session:
+            row = await active_for_job(session, job_id)
+            if row is None or row.failure_type == "hang":
+                return False
+            verdict = await self._absorb_stored(session, job_id, row)
+        return verdict is not None and verdict.status is not Status.HEALTHY
+
     async def _store(self, job_id: str, verdict: Verdict, digest: str, hang: bool = False) -> str:
         async with self.sessions.begin() as session:
             row = await active_for_job(session, job_id)
@@ -211,10 +365,15 @@ class DiagnosisFlow:
                     job_id=job_id,
                     status=DiagnosisStatus.OPEN.value,
                     created_at=utcnow(),
+                    evidence=[],
+                    rule_ids=[],
+                    affected_ranks=[],
                 )
                 session.add(row)
+            elif not hang:
+                verdict = await self._absorb_stored(session, job_id, row) or verdict
             apply(row, verdict, digest)
-            row.progress = self.stage.progress(job_id)
+            row.progress = merged_progress(row.progress, self.stage.progress(job_id))
             await session.flush()
             await set_culprits(session, row.id, row.culprit_nodes)
             await queue_action(session, row)
@@ -231,7 +390,7 @@ class DiagnosisFlow:
             if row is None or row.failure_type != "hang" or row.source == Source.HUMAN:
                 return []
             row.status = DiagnosisStatus.RESOLVED.value
-            row.progress = self.stage.progress(job_id)
+            row.progress = merged_progress(row.progress, self.stage.progress(job_id))
             step = (row.progress or {}).get("last_step")
             row.summary += f" Resolved: {why}{f' (step {step})' if step else ''}."
             row.updated_at = utcnow()

@@ -2,13 +2,20 @@
 
 It sits in the ingest pipeline, so it only scans and remembers (in memory, bounded); turning a
 changed verdict into a stored diagnosis is the flow's job, after the lines are committed.
+
+Memory is not the record: a job's live state is gone after a service restart or an eviction,
+and the flow then hands the stored diagnosis's evidence back (`absorb`) before it updates it.
+Eviction goes by what it would lose (`JobState.keep`): a flood of new one-batch jobs evicts its
+own kind first, then jobs whose failure is stored (their evidence comes back), then established
+quiet jobs (their progress and tails, which hang detection needs, would not), and jobs with
+something not yet stored only when every job has that.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from diagnoser.diagnosis import hang
@@ -24,6 +31,10 @@ TAIL_LINES = 5
 TAIL_LINE_CHARS = 2048
 """Tail lines kept for hang evidence are cut here: 10,000 jobs x nodes x 5 stays bounded."""
 STEP_INTERVALS = 16
+KEEP_NEW, KEEP_STORED, KEEP_ESTABLISHED, KEEP_PENDING = range(4)
+"""Eviction classes, evicted in this order: a quiet job that sent one batch; a failing job
+(its diagnosis is stored, and `absorb` brings its evidence back); a quiet job known longer (its
+progress and tails cannot be rebuilt); events not yet settled, a hang, or a hang's resolve."""
 
 
 def verdict_key(verdict: Verdict) -> tuple[object, ...]:
@@ -36,6 +47,11 @@ def verdict_key(verdict: Verdict) -> tuple[object, ...]:
         verdict.rule_ids,
         verdict.affected_ranks,
     )
+
+
+def event_key(event: RuleEvent) -> tuple[str, str, int | None]:
+    """One piece of evidence per (rule, node, rank), here as in correlation."""
+    return (event.rule_id, event.node, event.rank)
 
 
 @dataclass
@@ -67,6 +83,18 @@ class JobState:
     resumed: bool = False
     """Progress came back after a reported hang; the flow resolves that diagnosis."""
 
+    batches: int = 0
+    """Batches seen: a job that sent one is new, perhaps junk, and the first to be evicted."""
+
+    @property
+    def keep(self) -> int:
+        """What evicting the job would lose, from KEEP_NEW (least) to KEEP_PENDING (most)."""
+        if self.dirty or self.resumed or self.hung_since is not None:
+            return KEEP_PENDING
+        if self.failing:
+            return KEEP_STORED
+        return KEEP_ESTABLISHED if self.batches > 1 or self.lifecycle is not None else KEEP_NEW
+
     @property
     def since(self) -> float:
         """Where the current stall starts: the last step, or the last line for a job without."""
@@ -74,14 +102,15 @@ class JobState:
 
     def add(self, events: list[RuleEvent]) -> None:
         for event in events:
-            key = (event.rule_id, event.node, event.rank)
+            key = event_key(event)
             if key not in self.events and len(self.events) < MAX_EVENTS_PER_JOB:
                 self.events[key] = event
                 self.dirty = True
 
 
 class DiagnosisStage:
-    """Per-job scanners, least recently active evicted past `max_jobs`."""
+    """Per-job scanners, at most `max_jobs`: past it, the least recently active job of the
+    lowest `JobState.keep` class present is evicted."""
 
     def __init__(
         self,
@@ -94,19 +123,40 @@ class DiagnosisStage:
         self.clock = clock
         self.max_jobs = max_jobs
         self.jobs: OrderedDict[str, JobState] = OrderedDict()
+        self._by_keep: list[OrderedDict[str, None]] = [OrderedDict() for _ in range(4)]
+        """Job ids by eviction class, least recently active first."""
+        self._keep: dict[str, int] = {}
         self.events_by_rule: Counter[str] = Counter()
         """Every rule match, repeats included (bounded by the number of rules)."""
 
     def _job(self, job_id: str) -> JobState:
         state = self.jobs.get(job_id)
         if state is None:
+            while self.jobs and len(self.jobs) >= self.max_jobs:
+                self._evict()
             ruleset = self.registry.active  # a job keeps the rule set it started with
             state = self.jobs[job_id] = JobState(ruleset, JobScanner(ruleset))
-            while len(self.jobs) > self.max_jobs:
-                self.jobs.popitem(last=False)
+            self._file(job_id, state)
         else:
             self.jobs.move_to_end(job_id)
+            self._by_keep[self._keep[job_id]].move_to_end(job_id)
         return state
+
+    def _evict(self) -> None:
+        """Drop one job's live state; what it had stored comes back through `absorb`."""
+        job_id, _ = next(jobs for jobs in self._by_keep if jobs).popitem(last=False)
+        del self.jobs[job_id], self._keep[job_id]
+
+    def _file(self, job_id: str, state: JobState) -> None:
+        """Keep the eviction classes in step after something that may change the job's."""
+        if self.jobs.get(job_id) is not state:
+            return  # evicted meanwhile
+        keep, was = state.keep, self._keep.get(job_id)
+        if keep != was:
+            if was is not None:
+                del self._by_keep[was][job_id]
+            self._by_keep[keep][job_id] = None
+            self._keep[job_id] = keep
 
     def process(self, key: StreamKey, batch: LineBatch) -> None:
         state = self._job(key.job_id)
@@ -114,12 +164,14 @@ class DiagnosisStage:
         step = state.progress.last_step
         state.progress.observe(batch)
         state.nodes.add(key.node)
+        state.batches += 1
         if batch.lines:
             self._observe_time(state, key.node, batch, now, step)
         events = state.scanner.feed(key.node, key.rank, batch, now)
         if events:
             state.add(events)
             self.events_by_rule.update(event.rule_id for event in events)
+        self._file(key.job_id, state)
 
     def _observe_time(
         self, state: JobState, node: str, batch: LineBatch, now: float, step: int | None
@@ -160,6 +212,7 @@ class DiagnosisStage:
         lifecycle.record(event)
         state.lifecycle = lifecycle
         state.checked_since = None
+        self._file(job_id, state)
 
     def is_restart(self, job_id: str, event: hang.LifecycleEvent) -> bool:
         state = self.jobs.get(job_id)
@@ -203,6 +256,7 @@ class DiagnosisStage:
         if state is None or not state.resumed:
             return False
         state.resumed = False
+        self._file(job_id, state)
         return True
 
     def stall_candidates(self, timeout_s: float) -> list[tuple[str, float]]:
@@ -257,6 +311,7 @@ class DiagnosisStage:
             return False
         state.hung_since = since
         state.last = verdict_key(verdict)
+        self._file(job_id, state)
         return True
 
     def flag_resumed(self, job_id: str) -> None:
@@ -264,6 +319,7 @@ class DiagnosisStage:
         state = self.jobs.get(job_id)
         if state is not None:
             state.resumed = True
+            self._file(job_id, state)
 
     def progress(self, job_id: str) -> dict[str, int] | None:
         state = self.jobs.get(job_id)
@@ -277,8 +333,44 @@ class DiagnosisStage:
         state.dirty = False
         verdict = correlate(list(state.events.values()), state.ruleset, state.nodes)
         state.failing = verdict.status is not Status.HEALTHY
+        self._file(job_id, state)
         key = verdict_key(verdict)
         if key == state.last:
             return None
         state.last = key
         return verdict, state.ruleset
+
+    def ruleset(self, job_id: str) -> RuleSet | None:
+        """The rule set the job's live state scans with (None: no live state)."""
+        state = self.jobs.get(job_id)
+        return state.ruleset if state is not None else None
+
+    def event_keys(self, job_id: str) -> Collection[tuple[str, str, int | None]]:
+        """The (rule, node, rank) of every event the job's live state holds."""
+        state = self.jobs.get(job_id)
+        return state.events.keys() if state is not None else ()
+
+    def absorb(
+        self, job_id: str, events: list[RuleEvent], nodes: Collection[str] = ()
+    ) -> Verdict | None:
+        """Stored evidence this live state has not seen joins it, and the verdict is made again.
+
+        The events come from the job's open diagnosis, stored before this state began (the
+        service restarted, the job was evicted, or another replica stored them); `nodes` are
+        all the nodes the job's logs came from. The result is what one process that had seen
+        every line would conclude. None when nothing was new, or the state is gone.
+        """
+        state = self.jobs.get(job_id)
+        if state is None:
+            return None
+        new = [event for event in events if event_key(event) not in state.events]
+        if not new:
+            return None
+        for event in new:  # past MAX_EVENTS_PER_JOB too: stored evidence is bounded already
+            state.events.setdefault(event_key(event), event)
+        state.nodes.update(nodes)
+        verdict = correlate(list(state.events.values()), state.ruleset, state.nodes)
+        state.failing = verdict.status is not Status.HEALTHY
+        state.last = verdict_key(verdict)
+        self._file(job_id, state)
+        return verdict

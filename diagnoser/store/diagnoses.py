@@ -16,12 +16,15 @@ from diagnoser.store.models import (
     DiagnosisCulpritRow,
     DiagnosisRow,
     JobEventRow,
+    LogStreamRow,
     utcnow,
 )
 
 ACTIVE = ("open", "actioned")
 OUTBOX_ACTIONS = ("cordon_node_and_restart", "restart_job")
 """Actions the operator executes; notify and escalate reach people, not the cluster."""
+EARLIER_ATTEMPT = "earlier_attempt"
+"""Evidence key: stored before the job restarted. Kept, but not correlated with the new attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,20 @@ async def active_for_job(session: AsyncSession, job_id: str) -> DiagnosisRow | N
         .order_by(DiagnosisRow.created_at.desc())
         .limit(1)
     )
+
+
+async def job_nodes(session: AsyncSession, job_id: str) -> list[str]:
+    """Every node the job's logs came from (to any replica, before any restart)."""
+    query = select(LogStreamRow.node).where(LogStreamRow.job_id == job_id).distinct()
+    return list(await session.scalars(query))
+
+
+async def end_attempt(session: AsyncSession, job_id: str) -> None:
+    """The job restarted: the evidence its open diagnosis holds is the earlier attempt's."""
+    row = await active_for_job(session, job_id)
+    if row is None or all(record.get(EARLIER_ATTEMPT) for record in row.evidence):
+        return
+    row.evidence = [{**record, EARLIER_ATTEMPT: True} for record in row.evidence]
 
 
 async def lifecycle_events(session: AsyncSession, job_id: str) -> list[JobEventRow]:

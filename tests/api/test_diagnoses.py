@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -327,3 +328,84 @@ def test_metrics_count_lines_rule_events_and_diagnoses(service: ServiceProcess) 
         1,
     ]
     assert metric(service, "diagnoser_jobs_tracked") >= 1
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """A fresh database on each backend, for tests that start and stop their own service."""
+    return backend_env(request, tmp_path)
+
+
+def incident_fields(diagnosis: dict[str, object]) -> dict[str, Any]:
+    """What the on-call engineer reads, without ids and times (receive times differ by run)."""
+    fields = ("failure_type", "category", "action", "summary", "culprit_nodes", "rule_ids")
+    evidence: list[dict[str, Any]] = diagnosis["evidence"]  # type: ignore[assignment]
+    return {
+        **{key: diagnosis[key] for key in (*fields, "affected_ranks", "confidence", "source")},
+        "evidence": [(e["node"], e["rank"], e["rule_id"], e["text"]) for e in evidence],
+        "progress": diagnosis["progress"],
+    }
+
+
+def timeouts_on_gpu_017(service: ServiceProcess, job: str) -> None:
+    progress = "saving checkpoint at iteration    1000 to /ckpt/run7\n iteration 1250/50000\n"
+    timeouts = "".join(TIMEOUT.format(rank=r) for r in range(8, 12))
+    send(service, job, "gpu-017", NOISE + progress + timeouts)
+
+
+def test_a_service_restart_between_timeouts_and_an_xid_keeps_the_earlier_evidence(
+    backend: dict[str, str],
+) -> None:
+    process = ServiceProcess(env=backend)
+    process.start()
+    try:
+        for job in ("steady", "restarted"):
+            timeouts_on_gpu_017(process, job)
+        [before] = job_diagnoses(process, "restarted")
+        send(process, "steady", "gpu-3", XID79)
+        process.stop()
+        process.start()  # a new process on the same database: no live state for either job
+        response = send(process, "restarted", "gpu-3", XID79)
+        [steady] = job_diagnoses(process, "steady")
+        [after] = job_diagnoses(process, "restarted")
+    finally:
+        process.stop()
+    assert response["diagnoses"] == [after["id"]] == [before["id"]]
+    got = incident_fields(after)
+    assert (got["action"], got["culprit_nodes"]) == ("cordon_node_and_restart", ["gpu-3"])
+    assert set(got["rule_ids"]) == {"xid_fallen_off_bus", "nccl_watchdog_timeout"}
+    assert got["affected_ranks"] == [8, 9, 10, 11]
+    texts = [text for *_, text in got["evidence"]]
+    assert texts[0] == XID79.strip()  # the hardware fault outranks the timeouts it caused
+    assert {text for *_, text in incident_fields(before)["evidence"]} <= set(texts)
+    assert got["progress"] == {"last_step": 1250, "last_checkpoint_step": 1000, "steps_lost": 250}
+    assert got == incident_fields(steady)
+
+
+def event(service: ServiceProcess, job: str, kind: str, **fields: object) -> None:
+    response = httpx.post(f"{service.base_url}/v1/jobs/{job}/events", json={"type": kind, **fields})
+    assert response.status_code == 201, response.text
+
+
+def test_a_job_restart_across_a_service_restart_judges_the_new_attempt_alone(
+    backend: dict[str, str],
+) -> None:
+    """The old attempt's Xid on gpu-3 stays as evidence, but gpu-3 is not cordoned again for
+    the new attempt's out-of-memory error on gpu-5."""
+    process = ServiceProcess(env=backend)
+    process.start()
+    try:
+        event(process, "attempts", "started")
+        send(process, "attempts", "gpu-3", XID79)
+        event(process, "attempts", "exited", exit_code=1)
+        process.stop()
+        process.start()
+        event(process, "attempts", "started")  # the launcher restarts the job
+        send(process, "attempts", "gpu-5", OOM)
+        [diagnosis] = job_diagnoses(process, "attempts")
+    finally:
+        process.stop()
+    got = incident_fields(diagnosis)
+    assert (got["failure_type"], got["action"]) == ("cuda_oom", "notify_user")
+    assert [text for *_, text in got["evidence"]] == [OOM.strip(), XID79.strip()]
+    assert set(got["rule_ids"]) >= {"xid_fallen_off_bus"}
