@@ -14,12 +14,16 @@ from diagnoser import __version__
 from diagnoser.api import diagnoses, errors, health, jobs, logs, nodes, rules
 from diagnoser.api.deps import Resources
 from diagnoser.config import Settings
+from diagnoser.diagnosis.escalation import AGREEMENT_BUCKETS, Escalator
 from diagnoser.diagnosis.flow import DiagnosisFlow
 from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.ingest.admission import Admission
 from diagnoser.ingest.writer import StreamLocks, StreamWriter
-from diagnoser.observability import Metrics, MetricsMiddleware, PipelineCollector
+from diagnoser.llm.breaker import BreakerState, CircuitBreaker
+from diagnoser.llm.cache import VerdictCache
+from diagnoser.llm.client import LlmClient
+from diagnoser.observability import LlmCollector, Metrics, MetricsMiddleware, PipelineCollector
 from diagnoser.pipeline import LineCounter, Pipeline
 from diagnoser.reload import RuleReloader
 from diagnoser.rules import RuleRegistry
@@ -69,6 +73,30 @@ class _Counts:
         return len(self.stage.jobs)
 
 
+def _llm_stage(
+    settings: Settings,
+    sessions: Sessions,
+    redis: Redis | None,
+    flow: DiagnosisFlow,
+    metrics: Metrics,
+) -> tuple[LlmClient, LlmCollector] | None:
+    """Build the LLM stage when an endpoint is configured: the flow escalates to it."""
+    if not settings.llm.enabled:
+        return None
+    client = LlmClient(
+        settings.llm, CircuitBreaker(settings.llm.breaker_failures, settings.llm.breaker_reset_s)
+    )
+    flow.escalator = Escalator(
+        sessions, client, VerdictCache(sessions, redis), settings.llm, flow.apply_llm
+    )
+    breaker = client.breaker
+    collector = LlmCollector(
+        flow.escalator.counts, AGREEMENT_BUCKETS, lambda: breaker.state is BreakerState.OPEN
+    )
+    metrics.registry.register(collector)
+    return client, collector
+
+
 def create_app(settings: Settings) -> FastAPI:
     database = parse_database_url(settings.database_url)
     metrics = Metrics()
@@ -112,6 +140,7 @@ def create_app(settings: Settings) -> FastAPI:
         )
         collector = PipelineCollector(_Counts(counter, writer, stage, flow))
         metrics.registry.register(collector)
+        llm = _llm_stage(settings, sessions, redis, flow, metrics)
         app.state.resources = Resources(
             settings=settings,
             database=database,
@@ -134,12 +163,17 @@ def create_app(settings: Settings) -> FastAPI:
                 background.start_soon(
                     flow.watch_stalls, settings.hang.timeout_s, settings.hang.check_interval_s
                 )
+                if flow.escalator is not None:
+                    background.start_soon(flow.escalator.run)
                 yield
                 background.cancel_scope.cancel()
         finally:
             if redis is not None:
                 await redis.aclose()
             metrics.registry.unregister(collector)
+            if llm is not None:
+                metrics.registry.unregister(llm[1])
+                await llm[0].aclose()
             await sessions.close()
 
     app = FastAPI(

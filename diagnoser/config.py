@@ -73,6 +73,12 @@ class LlmSettings(BaseModel):
     """Share of the k samples the winning answer needs; below it a human decides."""
     prompt_version: str = Field(default="diagnose.v1", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     prompts_dir: Path = Field(default_factory=default_prompts_dir)
+    breaker_failures: int = Field(default=5, ge=1)
+    """Consecutive failed calls that open the circuit breaker."""
+    breaker_reset_s: float = Field(default=30.0, gt=0)
+    """How long an open breaker refuses calls before one trial goes through."""
+    quiet_s: float = Field(default=5.0, ge=0)
+    """An escalation is asked once its trace has been quiet this long (a storm settles first)."""
     workers: int = Field(default=2, ge=1, le=64)
     queue_size: int = Field(default=256, ge=1)
     redact_patterns: list[str] = Field(default_factory=list)

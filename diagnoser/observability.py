@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -144,3 +149,69 @@ class MetricsMiddleware:
             template = getattr(route, "path", "unmatched")
             self.metrics.http_requests.labels(scope["method"], template, str(status)).inc()
             self.metrics.http_latency.labels(template).observe(time.perf_counter() - started)
+
+
+class LlmStageCounts(Protocol):
+    calls_ok: int
+    calls_failed: int
+    cached: int
+    tokens_in: int
+    tokens_out: int
+    escalations: int
+    agreement_buckets: list[int]
+    agreement_sum: float
+    agreement_count: int
+
+
+class LlmCollector(Collector):
+    """The LLM stage's calls, tokens, cache hits, vote agreement and breaker, at scrape time."""
+
+    def __init__(
+        self, counts: LlmStageCounts, buckets: tuple[float, ...], breaker_open: Callable[[], bool]
+    ) -> None:
+        self.counts = counts
+        self.buckets = buckets
+        self.breaker_open = breaker_open
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.counts
+        calls = CounterMetricFamily(
+            "diagnoser_llm_calls",
+            "LLM completions: ok, failed (HTTP, timeout, connection), or cached (none made).",
+            labels=["outcome"],
+        )
+        calls.add_metric(["ok"], counts.calls_ok)
+        calls.add_metric(["failed"], counts.calls_failed)
+        calls.add_metric(["cached"], counts.cached)
+        yield calls
+        tokens = CounterMetricFamily(
+            "diagnoser_llm_tokens",
+            "Tokens sent to and received from the LLM.",
+            labels=["direction"],
+        )
+        tokens.add_metric(["in"], counts.tokens_in)
+        tokens.add_metric(["out"], counts.tokens_out)
+        yield tokens
+        yield CounterMetricFamily(
+            "diagnoser_llm_escalations",
+            "Inconclusive diagnoses handed to the LLM stage.",
+            value=counts.escalations,
+        )
+        histogram = HistogramMetricFamily(
+            "diagnoser_llm_vote_agreement",
+            "Share of the k samples that agreed with the winning answer, per round.",
+        )
+        histogram.add_metric(
+            [],
+            [
+                *((str(b), c) for b, c in zip(self.buckets, counts.agreement_buckets, strict=True)),
+                ("+Inf", counts.agreement_count),
+            ],
+            counts.agreement_sum,
+        )
+        yield histogram
+        yield GaugeMetricFamily(
+            "diagnoser_llm_breaker_open",
+            "1 while the LLM circuit breaker refuses calls.",
+            value=1 if self.breaker_open() else 0,
+        )

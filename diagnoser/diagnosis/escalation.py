@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from diagnoser.config import LlmSettings
@@ -25,7 +25,7 @@ from diagnoser.llm.redaction import Redactor
 from diagnoser.llm.sampling import Asked, ask
 from diagnoser.store.database import Sessions
 from diagnoser.store.escalations import add_escalation, finish_escalation, pending_escalations
-from diagnoser.store.models import EscalationRow
+from diagnoser.store.models import EscalationRow, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +35,12 @@ ApplyVerdict = Callable[[str, str, dict[str, Any]], Awaitable[None]]
 """(diagnosis_id, job_id, verdict record) -> None: the flow's `apply_llm`."""
 
 
+AGREEMENT_BUCKETS = (0.2, 0.4, 0.6, 0.8, 1.0)
+
+
 @dataclass
 class LlmCounts:
-    """What /metrics exports about the LLM stage."""
+    """What /metrics exports about the LLM stage (cumulative since start)."""
 
     calls_ok: int = 0
     calls_failed: int = 0
@@ -45,7 +48,10 @@ class LlmCounts:
     tokens_in: int = 0
     tokens_out: int = 0
     escalations: int = 0
-    agreement: list[float] | None = None
+    agreement_buckets: list[int] = field(default_factory=lambda: [0] * len(AGREEMENT_BUCKETS))
+    """Rounds whose vote share was at most each bound (cumulative, as Prometheus wants)."""
+    agreement_sum: float = 0.0
+    agreement_count: int = 0
 
     def observe(self, asked: Asked) -> None:
         failed = sum(1 for s in asked.samples if isinstance(s, Abstention) and _transport(s))
@@ -53,10 +59,12 @@ class LlmCounts:
         self.calls_ok += asked.calls - failed
         self.tokens_in += asked.tokens_in
         self.tokens_out += asked.tokens_out
-        if self.agreement is None:
-            self.agreement = []
-        self.agreement.append(asked.verdict.confidence)
-        del self.agreement[:-1000]
+        share = asked.verdict.confidence
+        for index, bound in enumerate(AGREEMENT_BUCKETS):
+            if share <= bound + 1e-9:
+                self.agreement_buckets[index] += 1
+        self.agreement_sum += share
+        self.agreement_count += 1
 
 
 def _transport(abstention: Abstention) -> bool:
@@ -131,7 +139,14 @@ class Escalator:
 
     def redact(self, trace: Trace) -> Trace:
         lines = tuple(
-            PromptLine(ln.number, ln.node, ln.rank, self.redactor.redact(ln.text).text, ln.count)
+            PromptLine(
+                ln.number,
+                ln.node,
+                ln.rank,
+                self.redactor.redact(ln.text).text,
+                ln.count,
+                ln.flagged,
+            )
             for ln in trace.lines
         )
         return Trace(trace.job_id, lines, trace.nodes, trace.dropped)
@@ -144,12 +159,17 @@ class Escalator:
             group.create_task(self._sweep())
 
     async def handle(self, escalation_id: int) -> None:
-        async with self.sessions.begin() as session:
-            row = await session.get(EscalationRow, escalation_id)
-            if row is None or row.state != "pending":
-                return
-            diagnosis_id, job_id = row.diagnosis_id, row.job_id
-            fingerprint, trace = row.fingerprint, Trace.from_json(row.trace)
+        while True:
+            async with self.sessions.begin() as session:
+                row = await session.get(EscalationRow, escalation_id, populate_existing=True)
+                if row is None or row.state != "pending":
+                    return
+                diagnosis_id, job_id = row.diagnosis_id, row.job_id
+                fingerprint, trace = row.fingerprint, Trace.from_json(row.trace)
+                quiet_for = (utcnow() - row.updated_at).total_seconds()
+            if quiet_for >= self.settings.quiet_s:
+                break
+            await asyncio.sleep(self.settings.quiet_s - quiet_for)
         try:
             messages = self.prompts.diagnose(
                 job_id, trace.lines, version=self.settings.prompt_version

@@ -33,6 +33,7 @@ import anyio
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from diagnoser.diagnosis.correlate import Source, Status, Verdict
+from diagnoser.diagnosis.escalation import Escalator
 from diagnoser.diagnosis.hang import RULE_ID as HANG_RULE_ID
 from diagnoser.diagnosis.hang import Lifecycle, LifecycleEvent
 from diagnoser.diagnosis.hub import DiagnosisHub
@@ -41,6 +42,7 @@ from diagnoser.diagnosis.schemas import DiagnosisStatus, DiagnosisView
 from diagnoser.rules import Action, Category, RuleEvent, RuleSet, Scope, Severity
 from diagnoser.store.database import Sessions
 from diagnoser.store.diagnoses import (
+    ACTIVE,
     EARLIER_ATTEMPT,
     active_for_job,
     end_attempt,
@@ -159,7 +161,8 @@ def merged_progress(
 
 
 def apply(row: DiagnosisRow, verdict: Verdict, digest: str) -> None:
-    """Write the verdict into the row; a human's override of category and action stands.
+    """Write the verdict into the row; a human's override of category and action stands, and
+    so does an LLM decision until a rule explains the failure.
 
     Evidence, rule ids and affected ranks only grow: what the row held is kept."""
     row.evidence = merged_evidence(list(row.evidence or []), verdict.evidence)
@@ -169,6 +172,8 @@ def apply(row: DiagnosisRow, verdict: Verdict, digest: str) -> None:
     row.updated_at = utcnow()
     if row.source == Source.HUMAN:
         return
+    if row.source == Source.LLM and verdict.status is Status.INCONCLUSIVE:
+        return  # the vote decided what the rules could not; more unexplained lines change nothing
     row.failure_type = verdict.failure_type
     row.category = verdict.category.value if verdict.category else None
     row.action = verdict.action.value
@@ -194,6 +199,8 @@ class DiagnosisFlow:
         """Hangs `reported` by the detector and `resolved` by progress resuming."""
         self._locks: dict[str, anyio.Lock] = {}
         self._lock_users: Counter[str] = Counter()
+        self.escalator: Escalator | None = None
+        """The LLM stage, when one is configured: inconclusive diagnoses are handed to it."""
 
     async def settle(self, job_id: str) -> list[str]:
         """Persist the job's verdict if it changed; return the ids of diagnoses it touched."""
@@ -211,7 +218,6 @@ class DiagnosisFlow:
         verdict, ruleset = changed
         if verdict.status is Status.HEALTHY:
             return touched
-        # LLM seam: Status.INCONCLUSIVE verdicts go to the LLM stage's queue here.
         async with self._job_lock(job_id):
             return [*touched, await self._store(job_id, verdict, ruleset.digest)]
 
@@ -379,7 +385,58 @@ class DiagnosisFlow:
             await queue_action(session, row)
         self.changes_by_action[row.action] += 1
         self.hub.publish(DiagnosisView.model_validate(row))
+        if row.action == Action.ESCALATE.value and row.source not in (Source.HUMAN, Source.LLM):
+            await self._escalate(job_id, row.id)
         return row.id
+
+    async def _escalate(self, job_id: str, diagnosis_id: str) -> None:
+        """Hand an inconclusive diagnosis to the LLM stage; it stays `escalate` meanwhile."""
+        if self.escalator is None:
+            return
+        trace = self.stage.trace(job_id)
+        if trace is None or not trace.lines:
+            return
+        try:
+            await self.escalator.submit(diagnosis_id, trace)
+        except Exception:  # the diagnosis is stored; a human still sees it as `escalate`
+            logger.exception("could not hand diagnosis %s to the LLM stage", diagnosis_id)
+
+    async def apply_llm(self, diagnosis_id: str, job_id: str, record: dict[str, Any]) -> None:
+        """The LLM stage's vote on a diagnosis, applied where nothing better has decided since.
+
+        The record is always kept (`llm`), so on-call sees the votes. It changes the verdict
+        only when the diagnosis is still open, still `escalate` and not a human's, and only
+        when the vote reached the agreement threshold; its action then goes to the outbox like
+        a rule's. Cordons were already held to the evidence by the answer check.
+        """
+        async with self._job_lock(job_id), self.sessions.begin() as session:
+            row = await session.get(DiagnosisRow, diagnosis_id)
+            if row is None or row.status not in ACTIVE:
+                return
+            row.llm = record
+            row.updated_at = utcnow()
+            decides = (
+                record.get("decided") is True
+                and record.get("action") != Action.ESCALATE.value
+                and row.action == Action.ESCALATE.value
+                and row.source != Source.HUMAN
+            )
+            if decides:
+                votes = round(float(record["confidence"]) * int(record["k"]))
+                row.failure_type = record["failure_type"]
+                row.category = record["category"]
+                row.action = record["action"]
+                row.culprit_nodes = list(record["culprit_nodes"])
+                row.confidence = float(record["confidence"])
+                row.source = Source.LLM.value
+                row.summary = f"LLM ({votes} of {record['k']} samples agree): {record['summary']}"
+            await session.flush()
+            if decides:
+                await set_culprits(session, row.id, row.culprit_nodes)
+                await queue_action(session, row)
+        if decides:
+            self.changes_by_action[row.action] += 1
+        self.hub.publish(DiagnosisView.model_validate(row))
 
     async def _resolve_hang(self, job_id: str, why: str = "progress resumed") -> list[str]:
         """A job reported hung made progress again: its hang diagnosis is resolved, with why.

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from diagnoser.diagnosis import hang
 from diagnoser.diagnosis.correlate import Status, Verdict, correlate
 from diagnoser.diagnosis.progress import Progress
+from diagnoser.diagnosis.trace import Trace, assemble
 from diagnoser.ingest.framing import LineBatch
 from diagnoser.pipeline import StreamKey
 from diagnoser.rules import JobScanner, RuleEvent, RuleRegistry, RuleSet
@@ -320,6 +321,24 @@ class DiagnosisStage:
         if state is not None:
             state.resumed = True
             self._file(job_id, state)
+
+    def trace(self, job_id: str) -> Trace | None:
+        """What the LLM stage is shown for the job (diagnosis/trace.py); None: no live state."""
+        state = self.jobs.get(job_id)
+        if state is None:
+            return None
+        lifecycle = state.lifecycle or hang.Lifecycle()
+        return assemble(
+            job_id,
+            list(state.events.values()),
+            [
+                hang.NodeTail(node, tuple(lines), state.node_last_at.get(node, 0.0))
+                for node, lines in sorted(state.tails.items())
+            ],
+            [event for event in lifecycle.latest.values() if event.kind == "exited"],
+            state.progress.as_record(),
+            frozenset(state.nodes),
+        )
 
     def progress(self, job_id: str) -> dict[str, int] | None:
         state = self.jobs.get(job_id)

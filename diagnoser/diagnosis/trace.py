@@ -51,7 +51,9 @@ class Trace:
     @property
     def checkable(self) -> TraceLines:
         return TraceLines(
-            node_of_line={line.number: line.node for line in self.lines}, job_nodes=self.nodes
+            node_of_line={line.number: line.node for line in self.lines},
+            job_nodes=self.nodes,
+            flagged=frozenset(line.number for line in self.lines if line.flagged),
         )
 
     def fingerprint(self, model: str, prompt_version: str) -> str:
@@ -73,6 +75,7 @@ class Trace:
                     "rank": ln.rank,
                     "text": ln.text,
                     "count": ln.count,
+                    "flagged": ln.flagged,
                 }
                 for ln in self.lines
             ],
@@ -89,6 +92,7 @@ class Trace:
                 rank=None if item.get("rank") is None else int(item["rank"]),
                 text=str(item["text"]),
                 count=int(item.get("count", 1)),
+                flagged=item.get("flagged") is True,
             )
             for item in (raw_lines if isinstance(raw_lines, list) else [])
             if isinstance(item, dict)
@@ -133,7 +137,8 @@ def assemble(
         spent += cost
     kept.sort(key=lambda c: c.order)
     lines = tuple(
-        PromptLine(number, c.node, c.rank, c.text, c.count) for number, c in enumerate(kept, 1)
+        PromptLine(number, c.node, c.rank, c.text, c.count, c.tier <= 1)
+        for number, c in enumerate(kept, 1)
     )
     all_nodes = nodes | {e.node for e in events} | {t.node for t in tails}
     all_nodes |= {e.node for e in exits if e.node}

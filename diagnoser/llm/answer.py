@@ -3,8 +3,9 @@
 The model's text is untrusted: a log line can tell it to cordon a healthy node. So an answer is
 parsed into a closed schema (enums, bounded strings) and then held to the trace: every cited
 line must exist, every culprit must be a node of this job whose own lines are cited, and a
-cordon needs a hardware category. An answer that fails any check is an abstention with the
-reason, never a vote.
+cordon needs a hardware category and, for each node it takes, a cited line from that node that
+a rule found failure-looking (a node's quiet tail line does not incriminate it). An answer
+that fails any check is an abstention with the reason, never a vote.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class TraceLines:
 
     node_of_line: Mapping[int, str]
     job_nodes: frozenset[str]
+    flagged: frozenset[int] | None = None
+    """Lines a rule found failure-looking; None when the caller does not know (all count)."""
 
 
 def check(payload: object, trace: TraceLines) -> Answer | Abstention:
@@ -78,4 +81,12 @@ def check(payload: object, trace: TraceLines) -> Answer | Abstention:
             return Abstention(f"a cordon needs a hardware category, not {answer.category}")
         if not answer.culprit_nodes:
             return Abstention("a cordon names no culprit node")
+        failing = {
+            trace.node_of_line[n]
+            for n in answer.evidence
+            if trace.flagged is None or n in trace.flagged
+        }
+        for node in answer.culprit_nodes:
+            if node not in failing:
+                return Abstention(f"a cordon of {node!r} cites no failure line from its own stream")
     return answer

@@ -36,6 +36,8 @@ class PromptLine:
     text: str
     count: int = 1
     """How many lines this one stands for after storm collapse."""
+    flagged: bool = False
+    """A rule found this line failure-looking (as opposed to context or a node's tail)."""
 
 
 def defuse(text: str) -> str:
@@ -73,7 +75,11 @@ def answer_schema() -> dict[str, Any]:
 
 
 def trace_of(lines: Sequence[PromptLine], job_nodes: frozenset[str]) -> TraceLines:
-    return TraceLines(node_of_line={ln.number: ln.node for ln in lines}, job_nodes=job_nodes)
+    return TraceLines(
+        node_of_line={ln.number: ln.node for ln in lines},
+        job_nodes=job_nodes,
+        flagged=frozenset(ln.number for ln in lines if ln.flagged),
+    )
 
 
 class Prompts:
@@ -94,7 +100,7 @@ class Prompts:
     ) -> list[dict[str, str]]:
         module = self._env.get_template(f"{version}.j2").module
         safe = [
-            PromptLine(ln.number, defuse(ln.node), ln.rank, defuse(ln.text), ln.count)
+            PromptLine(ln.number, defuse(ln.node), ln.rank, defuse(ln.text), ln.count, ln.flagged)
             for ln in lines
         ]
         render_system = getattr(module, "system")  # noqa: B009 - macros are dynamic attributes

@@ -85,15 +85,26 @@ async def release_claim(session: AsyncSession, fingerprint: str) -> None:
 async def add_escalation(
     session: AsyncSession, diagnosis_id: str, job_id: str, fingerprint: str, trace: dict[str, Any]
 ) -> EscalationRow:
-    row = EscalationRow(
-        diagnosis_id=diagnosis_id,
-        job_id=job_id,
-        fingerprint=fingerprint,
-        state="pending",
-        trace=trace,
-        attempts=0,
+    """Queue the diagnosis for the LLM; a pending escalation of it takes the newer trace."""
+    row = await session.scalar(
+        select(EscalationRow).where(
+            EscalationRow.diagnosis_id == diagnosis_id, EscalationRow.state == "pending"
+        )
     )
-    session.add(row)
+    if row is not None:
+        row.fingerprint = fingerprint
+        row.trace = trace
+        row.updated_at = utcnow()
+    else:
+        row = EscalationRow(
+            diagnosis_id=diagnosis_id,
+            job_id=job_id,
+            fingerprint=fingerprint,
+            state="pending",
+            trace=trace,
+            attempts=0,
+        )
+        session.add(row)
     await session.flush()
     return row
 

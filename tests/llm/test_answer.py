@@ -86,3 +86,16 @@ def test_random_json_never_raises_and_never_cordons_unsupported(payload: object)
     if isinstance(result, Answer) and result.action is Action.CORDON_NODE_AND_RESTART:
         assert set(result.culprit_nodes) <= {"gpu-1", "gpu-2", "gpu-3"}
         assert result.category is Category.HARDWARE
+
+
+def test_a_cordon_needs_a_failure_line_from_the_culprit_not_its_quiet_tail() -> None:
+    flagged = TraceLines(
+        node_of_line={1: "gpu-2", 2: "gpu-1"},
+        job_nodes=frozenset({"gpu-1", "gpu-2"}),
+        flagged=frozenset({2}),
+    )
+    tail_only = check(answer(culprit_nodes=["gpu-2"], evidence=[1, 2]), flagged)
+    assert isinstance(tail_only, Abstention)
+    assert "cites no failure line" in tail_only.reason
+    own_failure = check(answer(culprit_nodes=["gpu-1"], evidence=[2]), flagged)
+    assert isinstance(own_failure, Answer)
