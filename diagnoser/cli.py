@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from diagnoser import __version__
 from diagnoser.config import Settings
@@ -31,8 +33,10 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print one clear line and return the exit to raise: no traceback for operator errors."""
-    err.print(f"[bold red]error:[/] {message}")
+    """Print one clear line and return the exit to raise: no traceback for operator errors.
+
+    `message` is plain text (it quotes paths and user input), never markup."""
+    err.print(Text.assemble(("error:", "bold red"), " ", message))
     return typer.Exit(code)
 
 
@@ -235,7 +239,7 @@ def diagnose(
         return
     out = Console(highlight=False)
     if job:
-        out.print(f"job [bold]{job}[/]")
+        out.print(Text.assemble("job ", (job, "bold")))
     render(result, out)
 
 
@@ -274,11 +278,16 @@ def rules_check(
     target = directory or Settings().rules_dir
     problems = check(target)
     for problem in problems:
-        err.print(f"[red]✗[/] {problem}")
+        err.print(Text.assemble(("✗", "red"), " ", str(problem)))
     if problems:
         raise fail(f"{len(problems)} problem(s) in {target}")
     ruleset = _load_rules(target)
-    err.print(f"[green]✓[/] {len(ruleset.rules)} rules in {target} (digest {ruleset.digest[:12]})")
+    err.print(
+        Text.assemble(
+            ("✓", "green"),
+            f" {len(ruleset.rules)} rules in {target} (digest {ruleset.digest[:12]})",
+        )
+    )
 
 
 @rules_app.command("test")
@@ -301,11 +310,11 @@ def rules_test(
     table.add_column("text", overflow="fold")
     for event in sorted(events, key=lambda e: e.line_no):
         table.add_row(
-            str(event.line_no),
-            event.rule_id,
-            event.failure_type,
-            event.action.value,
-            event.text[:200],
+            Text(str(event.line_no)),
+            Text(event.rule_id),
+            Text(event.failure_type),
+            Text(event.action.value),
+            Text(event.text[:200]),
         )
     Console(highlight=False).print(table)
     err.print(f"{len(events)} event(s) from {len(ruleset.rules)} rules")
@@ -330,5 +339,6 @@ def main() -> None:
             variable = "DIAGNOSER_" + "__".join(str(part).upper() for part in error["loc"])
             secret = any(word in variable for word in _SECRET_WORDS) or len(error["loc"]) < 2
             shown = "" if secret else f" (got {error['input']!r})"
-            err.print(f"[bold red]error:[/] {variable}: {error['msg']}{shown}")
+            problem = f"{variable}: {error['msg']}{shown}"
+            err.print(f"[bold red]error:[/] {escape(problem)}")
         raise SystemExit(2) from None

@@ -314,3 +314,117 @@ class CriRecords:
             ]
         utc = map(sub, cast(list[int], whole), map(self._offset.__getitem__, zones))
         return list(map(add, map(mul, utc, repeat(_NS)), nanos))
+
+
+# Host headers: which machine wrote a line, when a file holds several machines' lines (a
+# journal export, a syslog server's file, pdsh or DeepSpeed output). Each form is anchored at
+# a line start by a structure ordinary text does not have (a syslog timestamp and a `tag:`,
+# srun's `error: HOST: task N`), so a word at the start of a log message is never taken for a
+# host. The bare `HOST: ` of pdsh is the exception: `LineHosts` reads it only in a file whose
+# lines mostly carry it.
+
+HOST_HEAD_CHARS = 192
+"""Every host header parsed here fits in a line's first HOST_HEAD_CHARS characters."""
+
+# A log level where a syslog header has its host is an application's own log format
+# (`2024-05-01T10:00:00Z INFO trainer: ...`), not a host.
+_NOT_LEVEL = r"(?!(?i:info|warn|warning|error|err|debug|critical|crit|fatal|trace|notice)\b)"
+_HOSTNAME = _NOT_LEVEL + r"([A-Za-z0-9](?:[A-Za-z0-9._-]{0,125}[A-Za-z0-9])?)"
+_SYSLOG_TAG = r" [A-Za-z0-9_()./@-]{1,64}(?:\[\d{1,10}\])?:(?=[ \n])"
+_SRUN_LABEL = r" {0,8}\d{1,8}: "
+_ISO_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)"
+_PRI = r"(?:<\d{1,3}>)?"
+_BSD_TIME = r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,9})?"
+_FULL_TIME = r"[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})? [A-Za-z0-9+_/-]{1,32}"
+_HOST_FORMS = (
+    # BSD syslog as rsyslog writes it; journalctl -o short / short-precise
+    ("syslog header", f"{_PRI}{_BSD_TIME} {_HOSTNAME}{_SYSLOG_TAG}"),
+    # journalctl -o short-full: `Wed 2024-05-01 10:00:00 UTC host tag:`
+    ("journald header", f"{_FULL_TIME} {_HOSTNAME}{_SYSLOG_TAG}"),
+    # rsyslog's RFC 3339 file format; journalctl -o short-iso / short-iso-precise
+    ("syslog header", f"{_PRI}{_ISO_TIME} {_HOSTNAME}{_SYSLOG_TAG}"),
+    # journalctl -o short-unix
+    ("journald header", rf"\d{{9,11}}\.\d{{1,9}} {_HOSTNAME}{_SYSLOG_TAG}"),
+    # RFC 5424: `<PRI>1 TIMESTAMP HOST APP PROCID MSGID`; a nil host (`-`) names no one
+    (
+        "RFC 5424 syslog header",
+        rf"<\d{{1,3}}>1 (?:-|{_ISO_TIME}) {_HOSTNAME} \S{{1,48}} \S{{1,128}} \S{{1,32}} ",
+    ),
+    # srun's own report of a failed task, optionally behind an `srun --label` prefix
+    ("srun error line", rf"(?:{_SRUN_LABEL})?srun: error: {_HOSTNAME}: tasks? \d"),
+    # slurmstepd's cancellation notice: `*** JOB 123 ON gpu-3 CANCELLED AT ...`
+    (
+        "slurmstepd notice",
+        rf"(?:{_SRUN_LABEL})?slurmstepd(?:-[A-Za-z0-9._-]{{1,64}})?: error: "
+        rf"\*\*\* (?:JOB|STEP) [\d.]{{1,24}} ON {_HOSTNAME} ",
+    ),
+    # Ray's worker prefix names the worker's address: `(RayTrainWorker pid=12, ip=10.0.0.3)`
+    ("Ray worker prefix", r"\((?:[A-Za-z_][\w.]{0,63} )?pid=\d{1,10}, ip=([0-9A-Fa-f.:]{3,45})\) "),
+)
+_HOST_KINDS = tuple(kind for kind, _ in _HOST_FORMS)
+_HOST_LINE = re.compile("(?:" + "|".join(form for _, form in _HOST_FORMS) + r")?[^\n]*\n")
+_HOST_FIRST = re.compile("|".join(form for _, form in _HOST_FORMS))
+# pdsh / clush / DeepSpeed's multi-node runner: `gpu-3: <line>`. Lower-case labels with a
+# digit in the first, as cluster node names have (`gpu-3`, `node017`, `ip-10-0-0-1.ec2`), so
+# `RuntimeError:` or `boto3.exceptions.S3UploadFailedError:` do not qualify.
+_PDSH_HOST = r"[a-z][a-z0-9-]{0,62}(?<=\d)[a-z0-9-]{0,62}|[a-z][a-z-]{0,62}\d[a-z0-9-]{0,62}"
+_PDSH = rf"((?:{_PDSH_HOST})(?:\.[a-z0-9-]{{1,63}}){{0,8}}): "
+_PDSH_LINE = re.compile(rf"(?:{_PDSH})?[^\n]*\n")
+_PDSH_FIRST = re.compile(_PDSH)
+PDSH_SAMPLE = 1000
+"""Lines of a file's first batch that decide whether the file is pdsh output."""
+_CONTINUES = (" ", "\t")
+PDSH_KIND = "pdsh host prefix"
+
+
+def host_of(line: str, pdsh: bool = False) -> tuple[str, str] | None:
+    """(host, the kind of header that names it) for one line, or None."""
+    m = _HOST_FIRST.match(line, 0, HOST_HEAD_CHARS)
+    if m is not None:
+        index = next(i for i, group in enumerate(m.groups()) if group)
+        return m.group(index + 1), _HOST_KINDS[index]
+    if pdsh and (p := _PDSH_FIRST.match(line, 0, HOST_HEAD_CHARS)) is not None:
+        return p.group(1), PDSH_KIND
+    return None
+
+
+class LineHosts:
+    """Per-line host names of one file's lines, batch by batch; one per file.
+
+    A line without a header of its own that starts with white space continues the line
+    before it (journalctl indents the rest of a multi-line message) and keeps its host.
+    Whether the file is pdsh output is decided on its first batch: at least half of the
+    sampled non-empty lines start with a host prefix.
+    """
+
+    __slots__ = ("_last", "pdsh")
+
+    def __init__(self) -> None:
+        self.pdsh: bool | None = None
+        self._last: str | None = None
+
+    def parse(self, lines: list[str]) -> list[str | None] | None:
+        """The host of each line (None where none is named), or None when no line names one."""
+        if not lines:
+            return None
+        heads = "\n".join(line[:HOST_HEAD_CHARS] for line in lines) + "\n"
+        if self.pdsh is None:
+            sample = [line for line in lines[:PDSH_SAMPLE] if line.strip()]
+            hits = sum(1 for line in sample if _PDSH_FIRST.match(line, 0, HOST_HEAD_CHARS))
+            self.pdsh = bool(sample) and 2 * hits >= len(sample)
+        found: list[tuple[str, ...]] = _HOST_LINE.findall(heads)
+        hosts = list(map("".join, found))
+        if self.pdsh:
+            hosts = [h or p for h, p in zip(hosts, _PDSH_LINE.findall(heads), strict=True)]
+        if self._last is None and not any(hosts):
+            return None
+        out: list[str | None] = []
+        last = self._last
+        for line, host in zip(lines, hosts, strict=True):
+            if host:
+                last = host
+            elif not line.startswith(_CONTINUES):
+                last = None
+            out.append(last)
+        self._last = last
+        return out if any(out) else None
