@@ -127,7 +127,8 @@ def serve(
     _load_rules(settings.rules_dir)  # a broken pack stops here, with the reason, not mid-start
     err.print(
         f"diagnoser {__version__} on http://{settings.host}:{settings.port} "
-        f"(database {database.redacted()})"
+        f"(database {database.redacted()})",
+        markup=False,
     )
     uvicorn.run(
         create_app(settings),
@@ -154,7 +155,7 @@ def migrate(data_dir: DataDirOption = None, database_url: DatabaseUrlOption = No
     except OperationalError as exc:
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise fail(f"cannot reach database {database.redacted()}: {first}") from exc
-    err.print(f"database {database.redacted()} is at revision {head_revision()}")
+    err.print(f"database {database.redacted()} is at revision {head_revision()}", markup=False)
 
 
 def _load_rules(directory: Path) -> RuleSet:
