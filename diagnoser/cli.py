@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import typer.main
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
+from typer.core import TyperArgument, TyperOption
 
 from diagnoser import __version__
 from diagnoser.config import Settings
@@ -96,18 +99,22 @@ def ensure_port_free(host: str, port: int) -> None:
 
 DataDirOption = Annotated[
     Path | None,
-    typer.Option("--data-dir", help="Embedded SQLite directory [env DIAGNOSER_DATA_DIR]"),
+    typer.Option(
+        "--data-dir", metavar="DIR", help="Embedded SQLite directory [env DIAGNOSER_DATA_DIR]"
+    ),
 ]
 DatabaseUrlOption = Annotated[
     str | None,
-    typer.Option("--database-url", help="SQLAlchemy URL [env DIAGNOSER_DB__URL]"),
+    typer.Option("--database-url", metavar="URL", help="SQLAlchemy URL [env DIAGNOSER_DB__URL]"),
 ]
 
 
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="Address to listen on")] = None,
-    port: Annotated[int | None, typer.Option(help="Port to listen on")] = None,
+    host: Annotated[
+        str | None, typer.Option(metavar="ADDRESS", help="Address to listen on")
+    ] = None,
+    port: Annotated[int | None, typer.Option(metavar="PORT", help="Port to listen on")] = None,
     data_dir: DataDirOption = None,
     database_url: DatabaseUrlOption = None,
 ) -> None:
@@ -173,24 +180,33 @@ def _load_rules(directory: Path) -> RuleSet:
 
 
 RulesDirOption = Annotated[
-    Path | None, typer.Option("--rules-dir", help="Rule pack directory [env DIAGNOSER_RULES_DIR]")
+    Path | None,
+    typer.Option(
+        "--rules-dir", metavar="DIR", help="Rule pack directory [env DIAGNOSER_RULES_DIR]"
+    ),
 ]
 
 
 @app.command()
 def diagnose(
-    paths: Annotated[list[Path], typer.Argument(help="One log file per node", show_default=False)],
+    paths: Annotated[
+        list[Path],
+        typer.Argument(metavar="FILE", help="One log file per node", show_default=False),
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
-    job: Annotated[str | None, typer.Option(help="Job name, for the report only")] = None,
+    job: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Job name, for the report only")
+    ] = None,
     node_map: Annotated[
         list[str] | None,
-        typer.Option("--node-map", help="FILE=NODE: name a file's node (repeatable)"),
+        typer.Option("--node-map", metavar="FILE=NODE", help="Name a file's node (repeatable)"),
     ] = None,
     rules_dir: RulesDirOption = None,
     stalled_for: Annotated[
         str | None,
         typer.Option(
             "--stalled-for",
+            metavar="DURATION",
             help="The job is still running and its logs have not advanced for this long "
             "(90s, 45m, 2h, or `mtime`: since the newest file was written); enables hang "
             "diagnosis",
@@ -201,6 +217,7 @@ def diagnose(
         str | None,
         typer.Option(
             "--hang-timeout",
+            metavar="DURATION",
             help="A stall at least this long is a hang [default: DIAGNOSER_HANG__TIMEOUT_S]",
             show_default=False,
         ),
@@ -270,7 +287,7 @@ app.add_typer(rules_app, name="rules")
 @rules_app.command("check")
 def rules_check(
     directory: Annotated[
-        Path | None, typer.Argument(help="Rule directory [default: the pack]")
+        Path | None, typer.Argument(metavar="DIR", help="Rule directory [default: the pack]")
     ] = None,
 ) -> None:
     """Validate every rule file and run every rule's examples; exit 1 on any problem."""
@@ -293,7 +310,7 @@ def rules_check(
 
 @rules_app.command("test")
 def rules_test(
-    logfile: Annotated[Path, typer.Argument(help="A log file to scan")],
+    logfile: Annotated[Path, typer.Argument(metavar="LOGFILE", help="A log file to scan")],
     rules_dir: RulesDirOption = None,
 ) -> None:
     """Show which rules fire on which lines of a log file."""
@@ -321,6 +338,50 @@ def rules_test(
     err.print(f"{len(events)} event(s) from {len(ruleset.rules)} rules")
 
 
+class _PlainArgument(TyperArgument):
+    """An argument whose help shows its name (the metavar) without a Python type label."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        """`FILE...` and `[DIR]`, as click writes them (typer puts braces around required)."""
+        name = self.metavar or (self.name or "").upper()
+        name = name if self.required or name.startswith("[") else f"[{name}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+def plain_help(command: Any) -> Any:
+    """Help that reads like a man page: `--json`, `--job JOB`, `FILE...`, not `--json <bool>`,
+    `--job <str>`, `{paths}... <list[Path]>` as typer labels every value by its Python type.
+
+    Flags show no value; a value without a metavar of its own is named after its option
+    (`--rules-dir RULES_DIR`); arguments show their metavar (or upper-case name) alone. Help
+    texts are plain text: typer would read `[env DIAGNOSER_DATA_DIR]` as markup and drop it.
+    """
+    if command.help:
+        command.help = escape(command.help)
+    params = list(command.params)
+    with contextlib.suppress(AttributeError, TypeError):
+        params.append(command.get_help_option(command.context_class(command)))
+    for param in params:
+        if param is None:
+            continue
+        if getattr(param, "help", None):
+            param.help = escape(param.help)
+        if param.metavar:
+            pass
+        elif isinstance(param, TyperOption) and param.is_flag:
+            param.metavar = ""
+        elif param.name:
+            param.metavar = param.name.upper()
+        if type(param) is TyperArgument:
+            param.__class__ = _PlainArgument
+    for sub in getattr(command, "commands", {}).values():
+        plain_help(sub)
+    return command
+
+
 def main() -> None:
     from diagnoser.diagnosis.console import diagnoses_app
     from diagnoser.evaluation.command import evaluate
@@ -332,7 +393,7 @@ def main() -> None:
     app.command("eval")(evaluate)
     app.add_typer(diagnoses_app, name="diagnoses")
     try:
-        app()
+        plain_help(typer.main.get_command(app))(prog_name="diagnoser")
     except ValidationError as exc:
         if exc.title != Settings.__name__:
             raise
