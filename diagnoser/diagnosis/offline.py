@@ -12,6 +12,7 @@ job: now minus the files' modification time); only with it can a hang be diagnos
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,12 +107,16 @@ class OfflineResult:
         event = next((e for e in verdict.evidence if e.node == node), None)
         if event is None:
             return f"{node}: inferred, it reported no timeout while the other nodes timed out."
-        why = "its hardware error" if event.category is Category.HARDWARE else "its evidence"
-        if root is event and "inferred" in verdict.summary:
+        if event.category is Category.HARDWARE:
+            why = "its hardware error"
+        elif root is event and "inferred" in verdict.summary:
             why = "its ranks' NCCL progress is behind the others'"
-        return f"{node}: {why} ({event.rule_id}, line {event.line_no} of {self._file(event)}); " + (
-            self._named(event, node)
-        )
+        elif root is event:
+            why = "the first failure happened there"
+        else:
+            why = "its evidence"
+        where = f"{event.rule_id}, line {event.line_no} of {self._file(event)}"
+        return f"{node}: {why} ({where}); {self._named(event, node)}"
 
     def _file(self, event: RuleEvent) -> str:
         origin = self.origin(event)
@@ -203,26 +208,48 @@ class Scan:
     origins: dict[EventKey, Origin] = field(default_factory=dict)
 
 
-def _by_host(
-    log: NodeLog, hosts: LineHosts, batch: LineBatch, seen: Scan, namings: dict[str, str]
-) -> list[tuple[str, LineBatch]]:
-    """The batch cut into runs of lines of one node each: the host a line names, else the
-    file's node."""
-    found = None if log.mapped else hosts.parse(batch.lines)
-    if found is None:
-        return [(log.node, batch)]
-    parts = []
-    start = 0
-    for node, run in groupby(host or log.node for host in found):
-        stop = start + sum(1 for _ in run)
-        if node not in namings:
-            named = host_of(batch.lines[start], bool(hosts.pdsh))
-            namings[node] = named[1] if named else (CONTINUATION if node != log.node else "")
-        if node != log.node:
-            seen.nodes.setdefault(node, log.path)
-        parts.append((node, _part(batch, start, stop)))
-        start = stop
-    return parts
+class _HostRuns:
+    """One file's batches cut into runs of lines of one node each (the host a line names,
+    else the file's node), each fed to the scanner as that node's stream.
+
+    A run is fed only when it holds a prefilter candidate, or when its node has had one:
+    a block (a traceback) opens only on a candidate line, and may still be collecting the
+    node's lines. The rest cannot produce an event, and skipping them keeps a file whose
+    hosts alternate line by line from costing one scanner call per line.
+    """
+
+    __slots__ = ("_hosts", "_hot", "_log", "_prefilter", "namings")
+
+    def __init__(self, log: NodeLog, ruleset: RuleSet) -> None:
+        self._log = log
+        self._prefilter = ruleset.prefilter
+        self._hosts = LineHosts()
+        self._hot: set[str] = set()
+        self.namings: dict[str, str] = {}
+        """Node -> how this file names it ("" for the file's own node)."""
+
+    def parts(self, batch: LineBatch) -> list[tuple[str, LineBatch]]:
+        log = self._log
+        found = None if log.mapped else self._hosts.parse(batch.lines)
+        if found is None:
+            return [(log.node, batch)]
+        candidates = sorted(self._prefilter.candidates(batch.lines))
+        parts = []
+        start = 0
+        for node, run in groupby(host or log.node for host in found):
+            stop = start + sum(1 for _ in run)
+            if node not in self.namings:
+                named = host_of(batch.lines[start], bool(self._hosts.pdsh))
+                self.namings[node] = (
+                    named[1] if named else (CONTINUATION if node != log.node else "")
+                )
+            first = bisect_left(candidates, start)
+            if first < len(candidates) and candidates[first] < stop:
+                self._hot.add(node)
+            if node in self._hot:
+                parts.append((node, _part(batch, start, stop)))
+            start = stop
+        return parts
 
 
 def scan(
@@ -240,13 +267,12 @@ def scan(
     events: list[RuleEvent] = []
     for log in logs:
         last: deque[TailLine] = deque(maxlen=TAIL_LINES)
-        hosts = LineHosts()
-        namings: dict[str, str] = {}
-        """Node -> how this file names it (the first host header seen for it)."""
+        runs = _HostRuns(log, ruleset)
+        namings = runs.namings
         file_events: list[RuleEvent] = []
         with log.path.open("rb") as handle:
             for batch in frame_file(handle):
-                for node, part in _by_host(log, hosts, batch, seen, namings):
+                for node, part in runs.parts(batch):
                     file_events.extend(scanner.feed(node, None, part, 0.0))
                 if progress is not None:
                     progress.observe(batch)
@@ -257,6 +283,9 @@ def scan(
                 )
         for node in dict.fromkeys([log.node, *namings]):
             file_events.extend(scanner.flush(node, None, 0.0))
+        for node in namings:
+            if node != log.node:
+                seen.nodes.setdefault(node, log.path)
         if not any(namings.values()):
             seen.nodes.setdefault(log.node, log.path)  # a file of one node, named after it
         for event in file_events:

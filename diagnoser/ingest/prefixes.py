@@ -336,34 +336,39 @@ _ISO_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)
 _PRI = r"(?:<\d{1,3}>)?"
 _BSD_TIME = r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,9})?"
 _FULL_TIME = r"[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})? [A-Za-z0-9+_/-]{1,32}"
+_UNIX_TIME = r"\d{9,11}\.\d{1,9}"
+_SYSLOG_TIME = rf"(?:{_PRI}(?:{_BSD_TIME}|{_ISO_TIME})|{_FULL_TIME}|{_UNIX_TIME})"
 _HOST_FORMS = (
-    # BSD syslog as rsyslog writes it; journalctl -o short / short-precise
-    ("syslog header", f"{_PRI}{_BSD_TIME} {_HOSTNAME}{_SYSLOG_TAG}"),
-    # journalctl -o short-full: `Wed 2024-05-01 10:00:00 UTC host tag:`
-    ("journald header", f"{_FULL_TIME} {_HOSTNAME}{_SYSLOG_TAG}"),
-    # rsyslog's RFC 3339 file format; journalctl -o short-iso / short-iso-precise
-    ("syslog header", f"{_PRI}{_ISO_TIME} {_HOSTNAME}{_SYSLOG_TAG}"),
-    # journalctl -o short-unix
-    ("journald header", rf"\d{{9,11}}\.\d{{1,9}} {_HOSTNAME}{_SYSLOG_TAG}"),
+    # BSD syslog as rsyslog writes it, rsyslog's RFC 3339 file format, and journalctl -o
+    # short, short-precise, short-iso(-precise), short-full and short-unix
+    (
+        ("syslog header",),
+        rf"{_SYSLOG_TIME} {_HOSTNAME}{_SYSLOG_TAG}",
+    ),
     # RFC 5424: `<PRI>1 TIMESTAMP HOST APP PROCID MSGID`; a nil host (`-`) names no one
     (
-        "RFC 5424 syslog header",
+        ("RFC 5424 syslog header",),
         rf"<\d{{1,3}}>1 (?:-|{_ISO_TIME}) {_HOSTNAME} \S{{1,48}} \S{{1,128}} \S{{1,32}} ",
     ),
-    # srun's own report of a failed task, optionally behind an `srun --label` prefix
-    ("srun error line", rf"(?:{_SRUN_LABEL})?srun: error: {_HOSTNAME}: tasks? \d"),
-    # slurmstepd's cancellation notice: `*** JOB 123 ON gpu-3 CANCELLED AT ...`
+    # srun's report of a failed task; slurmstepd's `*** JOB 123 ON gpu-3 CANCELLED AT ...`;
+    # either may follow an `srun --label` prefix
     (
-        "slurmstepd notice",
-        rf"(?:{_SRUN_LABEL})?slurmstepd(?:-[A-Za-z0-9._-]{{1,64}})?: error: "
-        rf"\*\*\* (?:JOB|STEP) [\d.]{{1,24}} ON {_HOSTNAME} ",
+        ("srun error line", "slurmstepd notice"),
+        rf"(?:{_SRUN_LABEL})?(?:srun: error: {_HOSTNAME}: tasks? \d|slurmstepd"
+        rf"(?:-[A-Za-z0-9._-]{{1,64}})?: error: \*\*\* (?:JOB|STEP) [\d.]{{1,24}} ON {_HOSTNAME} )",
     ),
     # Ray's worker prefix names the worker's address: `(RayTrainWorker pid=12, ip=10.0.0.3)`
-    ("Ray worker prefix", r"\((?:[A-Za-z_][\w.]{0,63} )?pid=\d{1,10}, ip=([0-9A-Fa-f.:]{3,45})\) "),
+    (
+        ("Ray worker prefix",),
+        r"\((?:[A-Za-z_][\w.]{0,63} )?pid=\d{1,10}, ip=([0-9A-Fa-f.:]{3,45})\) ",
+    ),
 )
-_HOST_KINDS = tuple(kind for kind, _ in _HOST_FORMS)
-_HOST_LINE = re.compile("(?:" + "|".join(form for _, form in _HOST_FORMS) + r")?[^\n]*\n")
-_HOST_FIRST = re.compile("|".join(form for _, form in _HOST_FORMS))
+_HOST_KINDS = tuple(kind for kinds, _ in _HOST_FORMS for kind in kinds)
+"""The kind of header of each capture group, in group order."""
+_HOST_ALTERNATIVES = "(?=[<A-Z0-9 s(])(?:" + "|".join(form for _, form in _HOST_FORMS) + ")"
+_HOST_LINE = re.compile(f"(?:{_HOST_ALTERNATIVES})?[^\\n]*\\n")
+_HOST_FIRST = re.compile(_HOST_ALTERNATIVES)
+_HOST_NEXT = re.compile("\n" + _HOST_ALTERNATIVES)
 # pdsh / clush / DeepSpeed's multi-node runner: `gpu-3: <line>`. Lower-case labels with a
 # digit in the first, as cluster node names have (`gpu-3`, `node017`, `ip-10-0-0-1.ec2`), so
 # `RuntimeError:` or `boto3.exceptions.S3UploadFailedError:` do not qualify.
@@ -407,15 +412,26 @@ class LineHosts:
         """The host of each line (None where none is named), or None when no line names one."""
         if not lines:
             return None
-        heads = "\n".join(line[:HOST_HEAD_CHARS] for line in lines) + "\n"
         if self.pdsh is None:
             sample = [line for line in lines[:PDSH_SAMPLE] if line.strip()]
             hits = sum(1 for line in sample if _PDSH_FIRST.match(line, 0, HOST_HEAD_CHARS))
             self.pdsh = bool(sample) and 2 * hits >= len(sample)
-        found: list[tuple[str, ...]] = _HOST_LINE.findall(heads)
+        # One C-level search rules out the usual batch, where no line names a host.
+        text = "\n".join(lines) + "\n"
+        if (
+            self._last is None
+            and not self.pdsh
+            and _HOST_FIRST.match(text) is None
+            and _HOST_NEXT.search(text) is None
+        ):
+            return None
+        found: list[tuple[str, ...]] = _HOST_LINE.findall(text)
         hosts = list(map("".join, found))
         if self.pdsh:
-            hosts = [h or p for h, p in zip(hosts, _PDSH_LINE.findall(heads), strict=True)]
+            hosts = [h or p for h, p in zip(hosts, _PDSH_LINE.findall(text), strict=True)]
+        if all(hosts):  # every line has its header: nothing continues, nothing is missing
+            self._last = hosts[-1]
+            return list[str | None](hosts)
         if self._last is None and not any(hosts):
             return None
         out: list[str | None] = []

@@ -195,8 +195,8 @@ def test_a_combined_file_names_the_host_its_line_names(tmp_path: Path) -> None:
     [
         ("2026-12-01T08:00:01+0000 gpu-3 kernel: " + XID79, "syslog header"),
         ("2026-12-01T08:00:01.123456+00:00 gpu-3 kernel: " + XID79, "syslog header"),
-        ("Tue 2026-12-01 08:00:01 UTC gpu-3 kernel: " + XID79, "journald header"),
-        ("1796112001.123456 gpu-3 kernel: " + XID79, "journald header"),
+        ("Tue 2026-12-01 08:00:01 UTC gpu-3 kernel: " + XID79, "syslog header"),
+        ("1796112001.123456 gpu-3 kernel: " + XID79, "syslog header"),
         ("<4>1 2026-12-01T08:00:01.000Z gpu-3 kernel - - - " + XID79, "RFC 5424 syslog header"),
     ],
 )
