@@ -38,6 +38,8 @@ ACTION_STYLE = {
 }
 SHORT_ID = 8
 """Characters of an id the list shows; `show` takes any unique prefix."""
+CULPRITS_WIDTH = 16
+"""One node name per line; a longer name wraps inside the column."""
 PREFIX_PAGES = 20
 """Pages of 500 (the newest 10,000 diagnoses) searched for an id prefix."""
 AMBIGUOUS_SHOWN = 10
@@ -98,17 +100,24 @@ def _row(table: Table, item: dict[str, Any]) -> None:
     )
 
 
-def _table() -> Table:
-    """Columns that hold their width at 80 characters: the id, action and culprits never
-    shrink away; long job ids and failure types wrap instead."""
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False, collapse_padding=True)
-    table.add_column("id", no_wrap=True, min_width=SHORT_ID)
-    table.add_column("job", overflow="fold", min_width=8)
-    table.add_column("status", no_wrap=True, min_width=9)
-    table.add_column("action", overflow="fold", min_width=12)
-    table.add_column("culprits", overflow="fold", min_width=16)
-    table.add_column("failure type", overflow="fold", min_width=8)
-    table.add_column("updated", no_wrap=True, min_width=11)
+def _table(width: int) -> Table:
+    """Columns sized for the terminal, never below a usable width: the id, status, culprits
+    and time are fixed; job, action and failure type share the rest and wrap within it.
+
+    Rich's own sizing shrinks the widest cells first, which cut the culprits to nothing and
+    the id to two characters at 80 columns.
+    """
+    flexible = max(3 * 8, width - 6 - SHORT_ID - 9 - CULPRITS_WIDTH - 11)
+    action = min(len("cordon_node_and_restart"), max(12, flexible // 3))
+    job = (flexible - action + 1) // 2
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False)
+    table.add_column("id", no_wrap=True, width=SHORT_ID)
+    table.add_column("job", overflow="fold", width=job)
+    table.add_column("status", no_wrap=True, width=9)
+    table.add_column("action", overflow="fold", width=action)
+    table.add_column("culprits", overflow="fold", width=CULPRITS_WIDTH)
+    table.add_column("failure type", overflow="fold", width=flexible - action - job)
+    table.add_column("updated", no_wrap=True, width=11)
     return table
 
 
@@ -139,7 +148,7 @@ def list_(
     if as_json:
         typer.echo(json.dumps(page))
         return
-    table = _table()
+    table = _table(out.width)
     for item in page["diagnoses"]:
         _row(table, item)
     out.print(table)
@@ -236,7 +245,7 @@ def watch(
                     raise typer.Exit(3 if stream.status_code in (401, 403) else 1)
                 for line in stream.iter_lines():
                     if line.startswith("data: "):
-                        table = _table()
+                        table = _table(out.width)
                         _row(table, json.loads(line.removeprefix("data: ")))
                         out.print(table)
         except httpx.HTTPError as exc:
