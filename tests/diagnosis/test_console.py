@@ -100,6 +100,7 @@ def test_list_at_80_columns_keeps_the_id_and_the_culprits(service: ServiceProces
     assert max(len(line) for line in listed.stdout.splitlines()) <= 80
     assert str(item["id"])[:8] in listed.stdout
     assert "gpu-node-0017" in listed.stdout
+    assert str(item["updated_at"])[5:16].replace("T", " ") in listed.stdout
 
 
 def test_show_takes_a_unique_id_prefix(service: ServiceProcess) -> None:
