@@ -372,8 +372,8 @@ _HOST_NEXT = re.compile("\n" + _HOST_ALTERNATIVES)
 # pdsh / clush / DeepSpeed's multi-node runner: `gpu-3: <line>`. Lower-case labels with a
 # digit in the first, as cluster node names have (`gpu-3`, `node017`, `ip-10-0-0-1.ec2`), so
 # `RuntimeError:` or `boto3.exceptions.S3UploadFailedError:` do not qualify.
-_PDSH_HOST = r"[a-z][a-z0-9-]{0,62}(?<=\d)[a-z0-9-]{0,62}|[a-z][a-z-]{0,62}\d[a-z0-9-]{0,62}"
-_PDSH = rf"((?:{_PDSH_HOST})(?:\.[a-z0-9-]{{1,63}}){{0,8}}): "
+_PDSH_HOST = r"[a-z][a-z0-9-]{0,62}(?<=\d)[a-z0-9-]{0,62}"
+_PDSH = rf"({_PDSH_HOST}(?:\.[a-z0-9-]{{1,63}}){{0,8}}): "
 _PDSH_LINE = re.compile(rf"(?:{_PDSH})?[^\n]*\n")
 _PDSH_FIRST = re.compile(_PDSH)
 PDSH_SAMPLE = 1000
