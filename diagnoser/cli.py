@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import typer.main
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+from typer.core import TyperArgument, TyperOption
 
 from diagnoser import __version__
 from diagnoser.config import Settings
@@ -31,8 +36,10 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print one clear line and return the exit to raise: no traceback for operator errors."""
-    err.print(f"[bold red]error:[/] {message}")
+    """Print one clear line and return the exit to raise: no traceback for operator errors.
+
+    `message` is plain text (it quotes paths and user input), never markup."""
+    err.print(Text.assemble(("error:", "bold red"), " ", message))
     return typer.Exit(code)
 
 
@@ -92,18 +99,22 @@ def ensure_port_free(host: str, port: int) -> None:
 
 DataDirOption = Annotated[
     Path | None,
-    typer.Option("--data-dir", help="Embedded SQLite directory [env DIAGNOSER_DATA_DIR]"),
+    typer.Option(
+        "--data-dir", metavar="DIR", help="Embedded SQLite directory [env DIAGNOSER_DATA_DIR]"
+    ),
 ]
 DatabaseUrlOption = Annotated[
     str | None,
-    typer.Option("--database-url", help="SQLAlchemy URL [env DIAGNOSER_DB__URL]"),
+    typer.Option("--database-url", metavar="URL", help="SQLAlchemy URL [env DIAGNOSER_DB__URL]"),
 ]
 
 
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="Address to listen on")] = None,
-    port: Annotated[int | None, typer.Option(help="Port to listen on")] = None,
+    host: Annotated[
+        str | None, typer.Option(metavar="ADDRESS", help="Address to listen on")
+    ] = None,
+    port: Annotated[int | None, typer.Option(metavar="PORT", help="Port to listen on")] = None,
     data_dir: DataDirOption = None,
     database_url: DatabaseUrlOption = None,
 ) -> None:
@@ -128,7 +139,8 @@ def serve(
     _load_rules(settings.rules_dir)  # a broken pack stops here, with the reason, not mid-start
     err.print(
         f"diagnoser {__version__} on http://{settings.host}:{settings.port} "
-        f"(database {database.redacted()})"
+        f"(database {database.redacted()})",
+        markup=False,
     )
     uvicorn.run(
         create_app(settings),
@@ -155,7 +167,7 @@ def migrate(data_dir: DataDirOption = None, database_url: DatabaseUrlOption = No
     except OperationalError as exc:
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise fail(f"cannot reach database {database.redacted()}: {first}") from exc
-    err.print(f"database {database.redacted()} is at revision {head_revision()}")
+    err.print(f"database {database.redacted()} is at revision {head_revision()}", markup=False)
 
 
 def _load_rules(directory: Path) -> RuleSet:
@@ -173,24 +185,33 @@ def _load_rules(directory: Path) -> RuleSet:
 
 
 RulesDirOption = Annotated[
-    Path | None, typer.Option("--rules-dir", help="Rule pack directory [env DIAGNOSER_RULES_DIR]")
+    Path | None,
+    typer.Option(
+        "--rules-dir", metavar="DIR", help="Rule pack directory [env DIAGNOSER_RULES_DIR]"
+    ),
 ]
 
 
 @app.command()
 def diagnose(
-    paths: Annotated[list[Path], typer.Argument(help="One log file per node", show_default=False)],
+    paths: Annotated[
+        list[Path],
+        typer.Argument(metavar="FILE", help="One log file per node", show_default=False),
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
-    job: Annotated[str | None, typer.Option(help="Job name, for the report only")] = None,
+    job: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Job name, for the report only")
+    ] = None,
     node_map: Annotated[
         list[str] | None,
-        typer.Option("--node-map", help="FILE=NODE: name a file's node (repeatable)"),
+        typer.Option("--node-map", metavar="FILE=NODE", help="Name a file's node (repeatable)"),
     ] = None,
     rules_dir: RulesDirOption = None,
     stalled_for: Annotated[
         str | None,
         typer.Option(
             "--stalled-for",
+            metavar="DURATION",
             help="The job is still running and its logs have not advanced for this long "
             "(90s, 45m, 2h, or `mtime`: since the newest file was written); enables hang "
             "diagnosis",
@@ -201,6 +222,7 @@ def diagnose(
         str | None,
         typer.Option(
             "--hang-timeout",
+            metavar="DURATION",
             help="A stall at least this long is a hang [default: DIAGNOSER_HANG__TIMEOUT_S]",
             show_default=False,
         ),
@@ -240,7 +262,7 @@ def diagnose(
         return
     out = Console(highlight=False)
     if job:
-        out.print(f"job [bold]{job}[/]")
+        out.print(Text.assemble("job ", (job, "bold")))
     render(result, out)
 
 
@@ -270,7 +292,7 @@ app.add_typer(rules_app, name="rules")
 @rules_app.command("check")
 def rules_check(
     directory: Annotated[
-        Path | None, typer.Argument(help="Rule directory [default: the pack]")
+        Path | None, typer.Argument(metavar="DIR", help="Rule directory [default: the pack]")
     ] = None,
 ) -> None:
     """Validate every rule file and run every rule's examples; exit 1 on any problem."""
@@ -279,16 +301,21 @@ def rules_check(
     target = directory or Settings().rules_dir
     problems = check(target)
     for problem in problems:
-        err.print(f"[red]✗[/] {problem}")
+        err.print(Text.assemble(("✗", "red"), " ", str(problem)))
     if problems:
         raise fail(f"{len(problems)} problem(s) in {target}")
     ruleset = _load_rules(target)
-    err.print(f"[green]✓[/] {len(ruleset.rules)} rules in {target} (digest {ruleset.digest[:12]})")
+    err.print(
+        Text.assemble(
+            ("✓", "green"),
+            f" {len(ruleset.rules)} rules in {target} (digest {ruleset.digest[:12]})",
+        )
+    )
 
 
 @rules_app.command("test")
 def rules_test(
-    logfile: Annotated[Path, typer.Argument(help="A log file to scan")],
+    logfile: Annotated[Path, typer.Argument(metavar="LOGFILE", help="A log file to scan")],
     rules_dir: RulesDirOption = None,
 ) -> None:
     """Show which rules fire on which lines of a log file."""
@@ -306,14 +333,58 @@ def rules_test(
     table.add_column("text", overflow="fold")
     for event in sorted(events, key=lambda e: e.line_no):
         table.add_row(
-            str(event.line_no),
-            event.rule_id,
-            event.failure_type,
-            event.action.value,
-            event.text[:200],
+            Text(str(event.line_no)),
+            Text(event.rule_id),
+            Text(event.failure_type),
+            Text(event.action.value),
+            Text(event.text[:200]),
         )
     Console(highlight=False).print(table)
     err.print(f"{len(events)} event(s) from {len(ruleset.rules)} rules")
+
+
+class _PlainArgument(TyperArgument):
+    """An argument whose help shows its name (the metavar) without a Python type label."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        """`FILE...` and `[DIR]`, as click writes them (typer puts braces around required)."""
+        name = self.metavar or (self.name or "").upper()
+        name = name if self.required or name.startswith("[") else f"[{name}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+def plain_help(command: Any) -> Any:
+    """Help that reads like a man page: `--json`, `--job JOB`, `FILE...`, not `--json <bool>`,
+    `--job <str>`, `{paths}... <list[Path]>` as typer labels every value by its Python type.
+
+    Flags show no value; a value without a metavar of its own is named after its option
+    (`--rules-dir RULES_DIR`); arguments show their metavar (or upper-case name) alone. Help
+    texts are plain text: typer would read `[env DIAGNOSER_DATA_DIR]` as markup and drop it.
+    """
+    if command.help:
+        command.help = escape(command.help)
+    params = list(command.params)
+    with contextlib.suppress(AttributeError, TypeError):
+        params.append(command.get_help_option(command.context_class(command)))
+    for param in params:
+        if param is None:
+            continue
+        if getattr(param, "help", None):
+            param.help = escape(param.help)
+        if param.metavar:
+            pass
+        elif isinstance(param, TyperOption) and param.is_flag:
+            param.metavar = ""
+        elif param.name:
+            param.metavar = param.name.upper()
+        if type(param) is TyperArgument:
+            param.__class__ = _PlainArgument
+    for sub in getattr(command, "commands", {}).values():
+        plain_help(sub)
+    return command
 
 
 def main() -> None:
@@ -327,7 +398,7 @@ def main() -> None:
     app.command("eval")(evaluate)
     app.add_typer(diagnoses_app, name="diagnoses")
     try:
-        app()
+        plain_help(typer.main.get_command(app))(prog_name="diagnoser")
     except ValidationError as exc:
         if exc.title != Settings.__name__:
             raise
@@ -335,5 +406,6 @@ def main() -> None:
             variable = "DIAGNOSER_" + "__".join(str(part).upper() for part in error["loc"])
             secret = any(word in variable for word in _SECRET_WORDS) or len(error["loc"]) < 2
             shown = "" if secret else f" (got {error['input']!r})"
-            err.print(f"[bold red]error:[/] {variable}: {error['msg']}{shown}")
+            problem = f"{variable}: {error['msg']}{shown}"
+            err.print(f"[bold red]error:[/] {escape(problem)}")
         raise SystemExit(2) from None

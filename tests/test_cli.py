@@ -117,3 +117,39 @@ def test_a_missing_rule_pack_says_where_to_point(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "no rule pack at" in result.stderr
     assert "DIAGNOSER_RULES_DIR" in result.stderr
+
+
+def test_error_lines_and_rule_tests_print_text_as_written(tmp_path: Path) -> None:
+    missing = diagnoser("diagnose", str(tmp_path / "[/data]" / "[rank3].log"))
+    assert missing.returncode == 2
+    assert f"no such file: {tmp_path}/[/data]/[rank3].log" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    log = tmp_path / "node-3.log"
+    log.write_text("[rank3]: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off [/data/x.bin]\n")
+    result = diagnoser("rules", "test", str(log), env={"COLUMNS": "300"})
+    assert result.returncode == 0, result.stderr
+    assert "[rank3]: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off [/data/x.bin]" in (
+        result.stdout
+    )
+
+
+HELP_COMMANDS = [
+    (), ("serve",), ("migrate",), ("diagnose",), ("ship",), ("run",), ("eval",),
+    ("rules", "check"), ("rules", "test"), ("diagnoses", "list"), ("diagnoses", "show"),
+    ("diagnoses", "watch"),
+]  # fmt: skip
+
+
+def test_help_names_values_not_python_types() -> None:
+    for command in HELP_COMMANDS:
+        result = diagnoser(*command, "--help", env={"COLUMNS": "200"})
+        assert result.returncode == 0, (command, result.stderr)
+        for label in ("<bool>", "<str>", "<int", "<float", "<list[", "<path>", "{"):
+            assert label not in result.stdout, (command, label)
+    diagnose = diagnoser("diagnose", "--help", env={"COLUMNS": "200"}).stdout
+    assert "Usage: diagnoser diagnose [OPTIONS] FILE..." in diagnose
+    assert "--node-map            FILE=NODE" in diagnose
+    assert "[default: DIAGNOSER_HANG__TIMEOUT_S]" in diagnose
+    serve = diagnoser("serve", "--help", env={"COLUMNS": "200"}).stdout
+    assert "--data-dir            DIR" in serve
+    assert "[env DIAGNOSER_DATA_DIR]" in serve

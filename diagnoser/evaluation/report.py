@@ -48,7 +48,7 @@ def render(summary: Summary, failures: list[str], console: Console) -> None:
             table.add_section()
             table.add_row(f"[bold]{row}[/]", str(summary.cases[row]), *cells, style="bold")
         else:
-            table.add_row(row, str(summary.cases[row]), *cells)
+            table.add_row(escape(row), str(summary.cases[row]), *cells)
     console.print(table)
     if summary.misses:
         console.print(f"\n[bold]misses[/] ({len(summary.misses)})")
@@ -56,14 +56,14 @@ def render(summary: Summary, failures: list[str], console: Console) -> None:
             runs = f" in {miss.runs_missed}/{miss.runs} runs" if miss.runs > 1 else ""
             kinds = ", ".join(kind.value for kind in miss.kinds)
             console.print(
-                f"[bold]{miss.case_id}[/] ({miss.cls}; {kinds}{runs})\n"
+                f"[bold]{escape(miss.case_id)}[/] ({escape(miss.cls)}; {kinds}{runs})\n"
                 f"  expected {escape(_labels(miss.expected))}\n"
                 f"  got      {escape(_labels(miss.got))}\n"
                 f"  source   {escape(miss.source)}"
             )
     if failures:
         for reason in failures:
-            console.print(f"[bold red]FAIL[/] {reason}")
+            console.print(f"[bold red]FAIL[/] {escape(reason)}")
     else:
         console.print("[bold green]PASS[/]")
 

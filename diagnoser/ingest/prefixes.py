@@ -314,3 +314,133 @@ class CriRecords:
             ]
         utc = map(sub, cast(list[int], whole), map(self._offset.__getitem__, zones))
         return list(map(add, map(mul, utc, repeat(_NS)), nanos))
+
+
+# Host headers: which machine wrote a line, when a file holds several machines' lines (a
+# journal export, a syslog server's file, pdsh or DeepSpeed output). Each form is anchored at
+# a line start by a structure ordinary text does not have (a syslog timestamp and a `tag:`,
+# srun's `error: HOST: task N`), so a word at the start of a log message is never taken for a
+# host. The bare `HOST: ` of pdsh is the exception: `LineHosts` reads it only in a file whose
+# lines mostly carry it.
+
+HOST_HEAD_CHARS = 192
+"""Every host header parsed here fits in a line's first HOST_HEAD_CHARS characters."""
+
+# A log level where a syslog header has its host is an application's own log format
+# (`2024-05-01T10:00:00Z INFO trainer: ...`), not a host.
+_NOT_LEVEL = r"(?!(?i:info|warn|warning|error|err|debug|critical|crit|fatal|trace|notice)\b)"
+_HOSTNAME = _NOT_LEVEL + r"([A-Za-z0-9](?:[A-Za-z0-9._-]{0,125}[A-Za-z0-9])?)"
+_SYSLOG_TAG = r" [A-Za-z0-9_()./@-]{1,64}(?:\[\d{1,10}\])?:(?=[ \n])"
+_SRUN_LABEL = r" {0,8}\d{1,8}: "
+_ISO_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)"
+_PRI = r"(?:<\d{1,3}>)?"
+_BSD_TIME = r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{1,9})?"
+_FULL_TIME = r"[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})? [A-Za-z0-9+_/-]{1,32}"
+_UNIX_TIME = r"\d{9,11}\.\d{1,9}"
+_SYSLOG_TIME = rf"(?:{_PRI}(?:{_BSD_TIME}|{_ISO_TIME})|{_FULL_TIME}|{_UNIX_TIME})"
+_HOST_FORMS = (
+    # BSD syslog as rsyslog writes it, rsyslog's RFC 3339 file format, and journalctl -o
+    # short, short-precise, short-iso(-precise), short-full and short-unix
+    (
+        ("syslog header",),
+        rf"{_SYSLOG_TIME} {_HOSTNAME}{_SYSLOG_TAG}",
+    ),
+    # RFC 5424: `<PRI>1 TIMESTAMP HOST APP PROCID MSGID`; a nil host (`-`) names no one
+    (
+        ("RFC 5424 syslog header",),
+        rf"<\d{{1,3}}>1 (?:-|{_ISO_TIME}) {_HOSTNAME} \S{{1,48}} \S{{1,128}} \S{{1,32}} ",
+    ),
+    # srun's report of a failed task; slurmstepd's `*** JOB 123 ON gpu-3 CANCELLED AT ...`;
+    # either may follow an `srun --label` prefix
+    (
+        ("srun error line", "slurmstepd notice"),
+        rf"(?:{_SRUN_LABEL})?(?:srun: error: {_HOSTNAME}: tasks? \d|slurmstepd"
+        rf"(?:-[A-Za-z0-9._-]{{1,64}})?: error: \*\*\* (?:JOB|STEP) [\d.]{{1,24}} ON {_HOSTNAME} )",
+    ),
+    # Ray's worker prefix names the worker's address: `(RayTrainWorker pid=12, ip=10.0.0.3)`
+    (
+        ("Ray worker prefix",),
+        r"\((?:[A-Za-z_][\w.]{0,63} )?pid=\d{1,10}, ip=([0-9A-Fa-f.:]{3,45})\) ",
+    ),
+)
+_HOST_KINDS = tuple(kind for kinds, _ in _HOST_FORMS for kind in kinds)
+"""The kind of header of each capture group, in group order."""
+_HOST_ALTERNATIVES = "(?=[<A-Z0-9 s(])(?:" + "|".join(form for _, form in _HOST_FORMS) + ")"
+_HOST_LINE = re.compile(f"(?:{_HOST_ALTERNATIVES})?[^\\n]*\\n")
+_HOST_FIRST = re.compile(_HOST_ALTERNATIVES)
+_HOST_NEXT = re.compile("\n" + _HOST_ALTERNATIVES)
+# pdsh / clush / DeepSpeed's multi-node runner: `gpu-3: <line>`. Lower-case labels with a
+# digit in the first, as cluster node names have (`gpu-3`, `node017`, `ip-10-0-0-1.ec2`), so
+# `RuntimeError:` or `boto3.exceptions.S3UploadFailedError:` do not qualify.
+_PDSH_HOST = r"[a-z][a-z0-9-]{0,62}(?<=\d)[a-z0-9-]{0,62}"
+_PDSH = rf"({_PDSH_HOST}(?:\.[a-z0-9-]{{1,63}}){{0,8}}): "
+_PDSH_LINE = re.compile(rf"(?:{_PDSH})?[^\n]*\n")
+_PDSH_FIRST = re.compile(_PDSH)
+PDSH_SAMPLE = 1000
+"""Lines of a file's first batch that decide whether the file is pdsh output."""
+_CONTINUES = (" ", "\t")
+PDSH_KIND = "pdsh host prefix"
+
+
+def host_of(line: str, pdsh: bool = False) -> tuple[str, str] | None:
+    """(host, the kind of header that names it) for one line, or None."""
+    m = _HOST_FIRST.match(line, 0, HOST_HEAD_CHARS)
+    if m is not None:
+        index = next(i for i, group in enumerate(m.groups()) if group)
+        return m.group(index + 1), _HOST_KINDS[index]
+    if pdsh and (p := _PDSH_FIRST.match(line, 0, HOST_HEAD_CHARS)) is not None:
+        return p.group(1), PDSH_KIND
+    return None
+
+
+class LineHosts:
+    """Per-line host names of one file's lines, batch by batch; one per file.
+
+    A line without a header of its own that starts with white space continues the line
+    before it (journalctl indents the rest of a multi-line message) and keeps its host.
+    Whether the file is pdsh output is decided on its first batch: at least half of the
+    sampled non-empty lines start with a host prefix.
+    """
+
+    __slots__ = ("_last", "pdsh")
+
+    def __init__(self) -> None:
+        self.pdsh: bool | None = None
+        self._last: str | None = None
+
+    def parse(self, lines: list[str]) -> list[str | None] | None:
+        """The host of each line (None where none is named), or None when no line names one."""
+        if not lines:
+            return None
+        if self.pdsh is None:
+            sample = [line for line in lines[:PDSH_SAMPLE] if line.strip()]
+            hits = sum(1 for line in sample if _PDSH_FIRST.match(line, 0, HOST_HEAD_CHARS))
+            self.pdsh = bool(sample) and 2 * hits >= len(sample)
+        # One C-level search rules out the usual batch, where no line names a host.
+        text = "\n".join(lines) + "\n"
+        if (
+            self._last is None
+            and not self.pdsh
+            and _HOST_FIRST.match(text) is None
+            and _HOST_NEXT.search(text) is None
+        ):
+            return None
+        found: list[tuple[str, ...]] = _HOST_LINE.findall(text)
+        hosts = list(map("".join, found))
+        if self.pdsh:
+            hosts = [h or p for h, p in zip(hosts, _PDSH_LINE.findall(text), strict=True)]
+        if all(hosts):  # every line has its header: nothing continues, nothing is missing
+            self._last = hosts[-1]
+            return list[str | None](hosts)
+        if self._last is None and not any(hosts):
+            return None
+        out: list[str | None] = []
+        last = self._last
+        for line, host in zip(lines, hosts, strict=True):
+            if host:
+                last = host
+            elif not line.startswith(_CONTINUES):
+                last = None
+            out.append(last)
+        self._last = last
+        return out if any(out) else None

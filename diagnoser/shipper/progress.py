@@ -9,6 +9,7 @@ from types import TracebackType
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.text import Text
 
 RATE_WINDOW_S = 5.0
@@ -94,7 +95,7 @@ class Progress:
         stats.lines_accepted = lines - stats.lines_before
 
     def warn(self, message: str) -> None:
-        self.console.print(f"[yellow]warning:[/] {message}", highlight=False)
+        self.console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
 
     def summary(self, where: str) -> str:
         stats = self.stats

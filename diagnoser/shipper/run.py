@@ -80,7 +80,9 @@ class EventPoster:
         except httpx.HTTPError as exc:
             if kind not in self._warned:
                 self._warned.add(kind)
-                self._console.print(f"[yellow]warning:[/] could not post `{kind}`: {exc}")
+                self._console.print(
+                    f"[yellow]warning:[/] could not post `{kind}`: {escape(str(exc))}"
+                )
 
 
 def run(
@@ -118,7 +120,8 @@ def run(
     try:
         copy = log_path.open("ab")
     except OSError as exc:
-        console.print(f"[bold red]error:[/] cannot write {log_path}: {exc.strerror or exc}")
+        reason = escape(f"{log_path}: {exc.strerror or exc}")
+        console.print(f"[bold red]error:[/] cannot write {reason}")
         raise typer.Exit(2) from None
     headers = {"User-Agent": f"diagnoser-run/{__version__}"}
     if token:
@@ -138,7 +141,8 @@ def run(
             )
         except OSError as exc:
             lifecycle.post("exited", exit_code=127)
-            console.print(f"[bold red]error:[/] cannot run {escape(command[0])}: {exc.strerror}")
+            reason = escape(f"{command[0]}: {exc.strerror}")
+            console.print(f"[bold red]error:[/] cannot run {reason}")
             raise typer.Exit(127) from None
         signals.forward_to(child)
         follower = FileFollower(log_path, follow=True, known_size=known_size)
@@ -211,7 +215,8 @@ def _tee(source: IO[bytes], copy: IO[bytes], console: Console) -> None:
                 copy.flush()
             except OSError as exc:
                 to_file = False
-                console.print(f"[yellow]warning:[/] the log copy stopped: {exc}; not shipped")
+                reason = escape(str(exc))
+                console.print(f"[yellow]warning:[/] the log copy stopped: {reason}; not shipped")
         if out is not None:
             try:
                 out.write(data)
