@@ -10,16 +10,22 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy import select
 
 from diagnoser.config import Settings
 from diagnoser.diagnosis import hang
 from diagnoser.diagnosis.correlate import Status
+from diagnoser.diagnosis.flow import DiagnosisFlow
+from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.diagnosis.offline import diagnose, node_logs
 from diagnoser.evaluation.corpus import Case, load_corpus
 from diagnoser.ingest.framing import Framer
 from diagnoser.pipeline import StreamKey
 from diagnoser.rules import Action, Category, RuleRegistry, RuleSet, load_dir
+from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
+from diagnoser.store.migrate import upgrade
+from diagnoser.store.models import ActionRow, DiagnosisRow, JobRow
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = load_corpus(ROOT / "evals")
@@ -224,3 +230,42 @@ def test_the_live_stage_sends_a_stale_extension_lock_to_the_user(action: Action 
     got, failure_type, summary = live_hang(action, text)
     assert (got, failure_type) == (Action.NOTIFY_USER, hang.EXTENSION_LOCK)
     assert "extensions root" in summary
+
+
+async def test_a_resolved_hang_supersedes_its_unclaimed_restart(sqlite_url: str) -> None:
+    """The default restart goes to the outbox; progress resuming before the operator claims it
+    means the job runs again without it."""
+    db = parse_database_url(sqlite_url)
+    upgrade(db)
+    engine = create_service_engine(db)
+    sessions = Sessions(engine, db)
+    clock = Clock()
+    stage = DiagnosisStage(RuleRegistry(ROOT / "rules"), clock=clock)
+    flow = DiagnosisFlow(sessions, stage, DiagnosisHub())
+    key = StreamKey("job", "node-0/stdout", "node-0", None)
+    try:
+        async with sessions.begin() as session:
+            session.add(JobRow(id="job"))
+        stage.process(key, Framer().feed(STEPS.encode()))
+        await flow.settle("job")
+        stage.record_lifecycle("job", hang.LifecycleEvent("started", None, clock.now))
+        clock.now += HOUR
+        (diagnosis_id,) = await flow.report_stalls(1800.0)
+
+        async def actions() -> list[tuple[str, str]]:
+            async with sessions.begin() as session:
+                rows = await session.scalars(
+                    select(ActionRow).where(ActionRow.diagnosis_id == diagnosis_id)
+                )
+                return [(row.kind, row.state) for row in rows]
+
+        assert await actions() == [("restart_job", "pending")]
+        stage.process(key, Framer().feed(b"iteration 6/50000 | lm loss: 2.40E+00\n"))
+        await flow.settle("job")
+        assert await actions() == [("restart_job", "superseded")]
+        async with sessions.begin() as session:
+            row = await session.get(DiagnosisRow, diagnosis_id)
+            assert row is not None
+            assert row.status == "resolved"
+    finally:
+        await sessions.close()
