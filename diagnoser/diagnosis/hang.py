@@ -10,8 +10,8 @@ A stall is a hang only when nothing else explains it: a job whose logs hold a fa
 diagnosed by that failure (which outranks the stall), and a job that finished (an `exited`
 event, or a completion line at the end of its log) is not running. A confirmed hang is a
 failure with an action: by default `restart_job` from the last checkpoint, with where the job
-stopped as evidence (a stuck job makes nothing; a restart is bounded by the actions' restart
-budget). `DIAGNOSER_HANG__ACTION=escalate` keeps the conservative choice: a person reads the
+stopped as evidence (a stuck job makes nothing; bounding restart loops is the action policy's
+restart budget, not this module's). `DIAGNOSER_HANG__ACTION=escalate` keeps the conservative choice: a person reads the
 stacks of the stuck ranks (py-spy, the NCCL flight recorder) first. A stall at a known place
 with a known cause gets that cause's action instead: a job stopped right after PyTorch's
 `Using ... as PyTorch extensions root...` is waiting for the build lock of a JIT extension,
