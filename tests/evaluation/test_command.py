@@ -99,3 +99,9 @@ def test_a_test_floor_above_reach_fails_the_gate(tmp_path: Path) -> None:
     result = evaluate(str(tmp_path), "--json")
     assert result.returncode == 1
     assert json.loads(result.stdout)["failures"][0].startswith("test category_accuracy")
+
+
+def test_the_score_does_not_depend_on_the_shells_hang_settings() -> None:
+    env = {"DIAGNOSER_HANG__ACTION": "escalate", "DIAGNOSER_HANG__TIMEOUT_S": "999999"}
+    report = json.loads(run_diagnoser("eval", "evals/", "--json", env=env, cwd=ROOT).stdout)
+    assert report["classes"]["hang"]["action_accuracy"]["mean"] == 1.0
