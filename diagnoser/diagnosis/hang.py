@@ -11,13 +11,13 @@ diagnosed by that failure (which outranks the stall), and a job that finished (a
 event, or a completion line at the end of its log) is not running. A confirmed hang is a
 failure with an action: by default `restart_job` from the last checkpoint, with where the job
 stopped as evidence (a stuck job makes nothing; bounding restart loops is the action policy's
-restart budget, not this module's). `DIAGNOSER_HANG__ACTION=escalate` keeps the conservative choice: a person reads the
-stacks of the stuck ranks (py-spy, the NCCL flight recorder) first. A stall at a known place
-with a known cause gets that cause's action instead: a job stopped right after PyTorch's
-`Using ... as PyTorch extensions root...` is waiting for the build lock of a JIT extension,
-which an interrupted build leaves behind; a restart would wait on the same lock, so the user is
-told. Nodes that went silent while the others kept writing, and nodes whose launcher reported a
-failed exit, are named as suspects, never cordoned.
+restart budget, not this module's). `DIAGNOSER_HANG__ACTION=escalate` keeps the conservative
+choice: a person reads the stacks of the stuck ranks (py-spy, the NCCL flight recorder) first.
+A stall at a known place with a known cause gets that cause's action instead: a job stopped
+right after PyTorch's `Using ... as PyTorch extensions root...` is waiting for the build lock
+of a JIT extension, which an interrupted build leaves behind; a restart would wait on the same
+lock, so the user is told. Nodes that went silent while the others kept writing, and nodes whose
+launcher reported a failed exit, are named as suspects, never cordoned.
 
 A stall is only looked at for a job known to be running: its launcher posted `started` (or
 heartbeats that are still arriving) and no `exited` for the whole job. Silence alone cannot tell
