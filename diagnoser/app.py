@@ -26,7 +26,7 @@ from diagnoser.llm.client import LlmClient
 from diagnoser.observability import LlmCollector, Metrics, MetricsMiddleware, PipelineCollector
 from diagnoser.pipeline import LineCounter, Pipeline
 from diagnoser.reload import RuleReloader
-from diagnoser.rules import RuleRegistry
+from diagnoser.rules import Action, RuleRegistry
 from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
 from diagnoser.store.migrate import head_revision, upgrade
 
@@ -125,7 +125,7 @@ def create_app(settings: Settings) -> FastAPI:
         sessions = Sessions(engine, database, connect_timeout_s=settings.db.connect_timeout_s)
         registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
         reloader = RuleReloader(registry)
-        stage = DiagnosisStage(registry)
+        stage = DiagnosisStage(registry, hang_action=Action(settings.hang.action))
         counter = LineCounter()
         pipeline = Pipeline([counter, stage])
         hub = DiagnosisHub()

@@ -232,6 +232,7 @@ def diagnose(
     from diagnoser.diagnosis.offline import diagnose as run_diagnosis
     from diagnoser.diagnosis.offline import node_logs
     from diagnoser.diagnosis.report import render
+    from diagnoser.rules import Action
 
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
@@ -255,7 +256,11 @@ def diagnose(
         mapping[file_name] = node
     ruleset = _load_rules(rules_dir or Settings().rules_dir)
     result = run_diagnosis(
-        node_logs(paths, mapping), ruleset, stalled_for=stall, hang_timeout=timeout
+        node_logs(paths, mapping),
+        ruleset,
+        stalled_for=stall,
+        hang_timeout=timeout,
+        hang_action=Action(Settings().hang.action),
     )
     if as_json:
         typer.echo(json.dumps(result.as_json(), ensure_ascii=False))

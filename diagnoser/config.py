@@ -7,6 +7,7 @@ Every value comes from `DIAGNOSER_*` environment variables (nested groups use `_
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_core import PydanticCustomError
@@ -150,6 +151,9 @@ class HangSettings(BaseModel):
     jobs whose own steps are slower get three times their slowest recent step interval."""
     check_interval_s: float = Field(default=30.0, gt=0)
     """How often the service looks for stalled jobs."""
+    action: Literal["restart_job", "escalate"] = "restart_job"
+    """What a hang with no known cause recommends: a restart from the last checkpoint, or
+    `escalate` to leave it to a person (docs/hangs.md)."""
 
 
 class Settings(BaseSettings):

@@ -34,8 +34,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from diagnoser.diagnosis.correlate import Source, Status, Verdict
 from diagnoser.diagnosis.escalation import Escalator
+from diagnoser.diagnosis.hang import HANG_TYPES, Lifecycle, LifecycleEvent
 from diagnoser.diagnosis.hang import RULE_ID as HANG_RULE_ID
-from diagnoser.diagnosis.hang import Lifecycle, LifecycleEvent
 from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.diagnosis.schemas import DiagnosisStatus, DiagnosisView
@@ -50,6 +50,7 @@ from diagnoser.store.diagnoses import (
     lifecycle_events,
     queue_action,
     set_culprits,
+    supersede_pending,
 )
 from diagnoser.store.models import DiagnosisRow, utcnow
 
@@ -353,7 +354,7 @@ class DiagnosisFlow:
         evidence back and stops counting the job as a hang candidate."""
         async with self.sessions.begin() as session:
             row = await active_for_job(session, job_id)
-            if row is None or row.failure_type == "hang":
+            if row is None or row.failure_type in HANG_TYPES:
                 return False
             verdict = await self._absorb_stored(session, job_id, row)
         return verdict is not None and verdict.status is not Status.HEALTHY
@@ -361,7 +362,7 @@ class DiagnosisFlow:
     async def _store(self, job_id: str, verdict: Verdict, digest: str, hang: bool = False) -> str:
         async with self.sessions.begin() as session:
             row = await active_for_job(session, job_id)
-            if hang and row is not None and row.failure_type != "hang":
+            if hang and row is not None and row.failure_type not in HANG_TYPES:
                 # Another incident is open (a restarted attempt's old failure, say): a hang is
                 # a new one and must not overwrite it or cancel its pending action.
                 row = None
@@ -441,11 +442,13 @@ class DiagnosisFlow:
     async def _resolve_hang(self, job_id: str, why: str = "progress resumed") -> list[str]:
         """A job reported hung made progress again: its hang diagnosis is resolved, with why.
 
-        A hang is an escalation, so there is no pending outbox action to cancel."""
+        A restart it recommended and the operator has not claimed yet is superseded: the job
+        runs again without it."""
         async with self.sessions.begin() as session:
             row = await active_for_job(session, job_id)
-            if row is None or row.failure_type != "hang" or row.source == Source.HUMAN:
+            if row is None or row.failure_type not in HANG_TYPES or row.source == Source.HUMAN:
                 return []
+            await supersede_pending(session, row.id)
             row.status = DiagnosisStatus.RESOLVED.value
             row.progress = merged_progress(row.progress, self.stage.progress(job_id))
             step = (row.progress or {}).get("last_step")

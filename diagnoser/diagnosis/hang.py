@@ -8,10 +8,16 @@ called hung at 30.
 
 A stall is a hang only when nothing else explains it: a job whose logs hold a failure is
 diagnosed by that failure (which outranks the stall), and a job that finished (an `exited`
-event, or a completion line at the end of its log) is not running. A hang escalates: only the
-stacks of the stuck ranks (py-spy, the NCCL flight recorder) tell a deadlock from a slow
-filesystem, and no log line can. Nodes that went silent while the others kept writing, and nodes
-whose launcher reported a failed exit, are named as suspects, never cordoned.
+event, or a completion line at the end of its log) is not running. A confirmed hang is a
+failure with an action: by default `restart_job` from the last checkpoint, with where the job
+stopped as evidence (a stuck job makes nothing; bounding restart loops is the action policy's
+restart budget, not this module's). `DIAGNOSER_HANG__ACTION=escalate` keeps the conservative
+choice: a person reads the stacks of the stuck ranks (py-spy, the NCCL flight recorder) first.
+A stall at a known place with a known cause gets that cause's action instead: a job stopped
+right after PyTorch's `Using ... as PyTorch extensions root...` is waiting for the build lock
+of a JIT extension, which an interrupted build leaves behind; a restart would wait on the same
+lock, so the user is told. Nodes that went silent while the others kept writing, and nodes whose
+launcher reported a failed exit, are named as suspects, never cordoned.
 
 A stall is only looked at for a job known to be running: its launcher posted `started` (or
 heartbeats that are still arriving) and no `exited` for the whole job. Silence alone cannot tell
@@ -37,6 +43,17 @@ usually ends in a watchdog timeout before this, so what is left is a hang outsid
 INTERVAL_FACTOR = 3.0
 RULE_ID = "no_progress"
 """The evidence's rule id: not a rule of the pack, the detector itself."""
+DEFAULT_ACTION = Action.RESTART_JOB
+HANG_ACTIONS = frozenset({Action.RESTART_JOB, Action.ESCALATE})
+"""What `DIAGNOSER_HANG__ACTION` may choose for a hang without a known cause."""
+EXTENSION_LOCK = "extension_build_lock"
+"""The failure type of a stall on a JIT extension's build lock."""
+HANG_TYPES = frozenset({"hang", EXTENSION_LOCK})
+"""Failure types the hang detector writes: resolved when progress resumes."""
+
+EXTENSION_ROOT = regex.compile(r"\bUsing \S.* as PyTorch extensions root\b")
+"""`torch.utils.cpp_extension` prints this (verbose builds, DeepSpeed's op builder) just before
+it takes the build directory's lock: when it is a node's newest line, that node waits on it."""
 
 COMPLETION = regex.compile(
     r"(?i)\btraining (?:is )?(?:completed?|finished|done)\b|\bfinished training\b"
@@ -179,22 +196,37 @@ class Lifecycle:
         return previous is not None and (event.node is None or previous.kind == "exited")
 
 
+def extension_lock(tails: Sequence[NodeTail]) -> tuple[NodeTail, ...]:
+    """Nodes whose newest line is the JIT-extension root line: waiting for its build lock."""
+    return tuple(t for t in tails if t.lines and EXTENSION_ROOT.search(t.lines[-1].text))
+
+
 def hang_verdict(
     stalled_for: float,
     tails: Sequence[NodeTail],
     progress: Mapping[str, int] | None = None,
     silent_nodes: Sequence[str] = (),
     failed_nodes: Sequence[str] = (),
+    action: Action = DEFAULT_ACTION,
 ) -> Verdict:
-    """The escalation for a job stalled `stalled_for` seconds with no failure in its logs."""
+    """The verdict for a job stalled `stalled_for` seconds with no failure in its logs:
+    `action` (restart_job or escalate), or notify_user for a stale extension-build lock."""
+    if action not in HANG_ACTIONS:
+        raise ValueError(f"a hang's action is restart_job or escalate, not {action.value}")
     last_step = (progress or {}).get("last_step")
+    locked = extension_lock(tails)
     suspects = tuple(sorted({*silent_nodes, *failed_nodes}))
+    if locked:
+        action, failure_type = Action.NOTIFY_USER, EXTENSION_LOCK
+        first: Sequence[str] = [t.node for t in locked]
+    else:
+        failure_type, first = "hang", suspects
     evidence = tuple(
         RuleEvent(
             rule_id=RULE_ID,
-            failure_type="hang",
+            failure_type=failure_type,
             category=Category.FRAMEWORK,
-            action=Action.ESCALATE,
+            action=action,
             severity=Severity.ERROR,
             scope=Scope.JOB,
             entities={"stalled_for_s": str(int(stalled_for))},
@@ -206,23 +238,40 @@ def hang_verdict(
             time=tail.last_at,
             evidence=tuple(line.text for line in tail.lines[:-1]),
         )
-        for tail in sorted(tails, key=lambda t: (t.node not in suspects, t.last_at, t.node))
+        for tail in sorted(tails, key=lambda t: (t.node not in first, t.last_at, t.node))
         if tail.lines
     )
-    where = stopped_at(tails, last_step, suspects)
+    if locked:
+        where = "right after `Using ... as PyTorch extensions root...`"
+    else:
+        where = stopped_at(tails, last_step, suspects)
     summary = f"no progress for {_duration(stalled_for)} {where}"
     if failed_nodes:
         summary += f"; the launcher on {', '.join(failed_nodes)} reported a failed exit"
     if silent_nodes:
         summary += f"; {', '.join(silent_nodes)} went silent first"
-    summary += ", and no error line: a hang. Dump the stuck ranks' stacks (py-spy dump)."
+    if locked:
+        summary += (
+            ", and no error line: the JIT build of a PyTorch extension is waiting for its build "
+            "lock, which an interrupted build leaves behind. A restart would wait on it again: "
+            "remove the stale `lock` file in the extension's directory under the extensions "
+            "root (TORCH_EXTENSIONS_DIR), then restart."
+        )
+    elif action is Action.RESTART_JOB:
+        summary += (
+            ", and no error line: a hang. Restart from the last checkpoint; if the ranks are "
+            "still stuck, dump their stacks first (py-spy dump)."
+        )
+    else:
+        summary += ", and no error line: a hang. Dump the stuck ranks' stacks (py-spy dump)."
+    escalated = action is Action.ESCALATE
     return Verdict(
-        status=Status.INCONCLUSIVE,
-        action=Action.ESCALATE,
-        failure_type="hang",
+        status=Status.INCONCLUSIVE if escalated else Status.FAILURE,
+        action=action,
+        failure_type=failure_type,
         category=Category.FRAMEWORK,
         culprit_nodes=suspects,
-        confidence=0.3,
+        confidence=0.3 if escalated else 0.6,
         source=Source.CORRELATION,
         summary=summary,
         root=evidence[0] if evidence else None,

@@ -24,7 +24,7 @@ from diagnoser.diagnosis.progress import Progress
 from diagnoser.diagnosis.trace import Trace, assemble
 from diagnoser.ingest.framing import LineBatch
 from diagnoser.pipeline import StreamKey
-from diagnoser.rules import JobScanner, RuleEvent, RuleRegistry, RuleSet
+from diagnoser.rules import Action, JobScanner, RuleEvent, RuleRegistry, RuleSet
 
 MAX_EVENTS_PER_JOB = 2000
 MAX_JOBS = 10_000
@@ -119,8 +119,11 @@ class DiagnosisStage:
         *,
         clock: Callable[[], float] = time.time,
         max_jobs: int = MAX_JOBS,
+        hang_action: Action = hang.DEFAULT_ACTION,
     ) -> None:
         self.registry = registry
+        self.hang_action = hang_action
+        """What a hang without a known cause recommends (`DIAGNOSER_HANG__ACTION`)."""
         self.clock = clock
         self.max_jobs = max_jobs
         self.jobs: OrderedDict[str, JobState] = OrderedDict()
@@ -298,6 +301,7 @@ class DiagnosisStage:
             state.progress.as_record(),
             hang.silent_nodes(tails, now, window_s),
             lifecycle.failed_nodes(),
+            self.hang_action,
         )
         return verdict, state.ruleset, state.since
 

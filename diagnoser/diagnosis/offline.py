@@ -21,11 +21,18 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from diagnoser.diagnosis.correlate import Status, Verdict, correlate
-from diagnoser.diagnosis.hang import DEFAULT_TIMEOUT_S, NodeTail, TailLine, finished, hang_verdict
+from diagnoser.diagnosis.hang import (
+    DEFAULT_ACTION,
+    DEFAULT_TIMEOUT_S,
+    NodeTail,
+    TailLine,
+    finished,
+    hang_verdict,
+)
 from diagnoser.diagnosis.progress import Progress
 from diagnoser.ingest.framing import Framer, LineBatch
 from diagnoser.ingest.prefixes import LineHosts, host_of
-from diagnoser.rules import Category, JobScanner, RuleEvent, RuleSet
+from diagnoser.rules import Action, Category, JobScanner, RuleEvent, RuleSet
 
 READ_BYTES = 256 * 1024
 TAIL_LINES = 5
@@ -304,6 +311,7 @@ def diagnose(
     *,
     stalled_for: float | None = None,
     hang_timeout: float = DEFAULT_TIMEOUT_S,
+    hang_action: Action = DEFAULT_ACTION,
 ) -> OfflineResult:
     tails: list[NodeTail] = []
     progress = Progress()
@@ -316,5 +324,5 @@ def diagnose(
         and stalled_for >= hang_timeout
         and not finished(tails)
     ):
-        verdict = hang_verdict(stalled_for, tails, progress.as_record())
+        verdict = hang_verdict(stalled_for, tails, progress.as_record(), action=hang_action)
     return OfflineResult(verdict, seen.nodes, seen.origins)

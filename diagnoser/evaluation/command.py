@@ -70,7 +70,7 @@ def evaluate(
     else:
         console = Console(highlight=False)
         # Piped output (CI logs, bench files) gets room for the whole table, not 80 columns.
-        wide = 120 if repeat == 1 else 170
+        wide = 200 if repeat == 1 else 220
         render(summary, failures, Console(highlight=False, width=max(console.width, wide)))
     if failures:
         raise typer.Exit(1)

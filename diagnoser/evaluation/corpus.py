@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diagnoser.diagnosis.correlate import Status
 from diagnoser.evaluation.scoring import Floors, Labels
+from diagnoser.evaluation.split import Split
 from diagnoser.rules import Action, Category
 
 CASE_FILE = "case.yaml"
@@ -28,6 +29,8 @@ class Case:
     id: str
     cls: str
     """The corpus class (`cuda_oom`, `multi_node`, ...): the rows of the report."""
+    split: Split
+    """`dev` (rules may be written from it) or `test` (scored only); see evaluation/split.py."""
     sources: tuple[str, ...]
     tags: tuple[str, ...]
     expected: Labels
@@ -76,6 +79,7 @@ class _Observed(_Strict):
 class _CaseFile(_Strict):
     id: Annotated[str, Field(min_length=1)]
     cls: Annotated[str, Field(alias="class", min_length=1)]
+    split: Split
     source: str | tuple[str, ...]
     tags: tuple[str, ...] = ()
     expected: _Expected
@@ -83,10 +87,20 @@ class _CaseFile(_Strict):
     note: str = ""
 
 
-class _FloorsFile(_Strict):
+class _SplitFloors(_Strict):
     action: Annotated[float, Field(ge=0, le=1)] | None = None
     category: Annotated[float, Field(ge=0, le=1)] | None = None
     culprit: Annotated[float, Field(ge=0, le=1)] | None = None
+
+    def floors(self) -> Floors:
+        return Floors(self.action, self.category, self.culprit)
+
+
+class _FloorsFile(_SplitFloors):
+    """Total floors at the top level; `dev:` and `test:` hold the same keys for each split."""
+
+    dev: _SplitFloors | None = None
+    test: _SplitFloors | None = None
 
 
 def cases_dir(directory: Path) -> Path:
@@ -142,6 +156,7 @@ def _read_case(directory: Path) -> tuple[Case | None, list[str]]:
     case = Case(
         id=spec.id,
         cls=spec.cls,
+        split=spec.split,
         sources=(spec.source,) if isinstance(spec.source, str) else spec.source,
         tags=spec.tags,
         expected=Labels(
@@ -189,4 +204,10 @@ def load_floors(path: Path) -> Floors:
         spec = _FloorsFile.model_validate(raw or {})
     except ValidationError as exc:
         raise CorpusError(_validation_problems(path, exc)) from exc
-    return Floors(spec.action, spec.category, spec.culprit)
+    sides = {side.value: getattr(spec, side.value) for side in Split}
+    return Floors(
+        spec.action,
+        spec.category,
+        spec.culprit,
+        {side: floors.floors() for side, floors in sides.items() if floors is not None},
+    )

@@ -17,8 +17,15 @@ HEADERS = {
     "false_cordons": "false cordons",
     "missed_cordons": "missed cordons",
     "inconclusive_rate": "inconclusive",
+    "silent_misses": "silent",
+    "deferrals": "deferred",
+    "wrong_answers": "wrong",
+    "benign_silence": "benign silent",
 }
-COUNTS = frozenset({"false_cordons", "missed_cordons"})
+COUNTS = frozenset(
+    {"false_cordons", "missed_cordons", "silent_misses", "deferrals", "wrong_answers"}
+)
+SIDES = ("dev", "test")
 
 
 def _cell(name: str, value: Spread | None, runs: int) -> str:
@@ -37,10 +44,7 @@ def _labels(labels: Labels) -> str:
     return f"{labels.action.value} / {category} / {labels.failure_type}{nodes}"
 
 
-def render(summary: Summary, failures: list[str], console: Console) -> None:
-    title = "diagnosis evaluation"
-    if summary.runs > 1:
-        title += escape(f" (mean ±stdev [min-max] over {summary.runs} runs)")
+def _table(summary: Summary, title: str) -> Table:
     table = Table("class", "cases", *(HEADERS[name] for name in METRICS), title=title)
     for row, metrics in summary.metrics.items():
         cells = [_cell(name, metrics[name], summary.runs) for name in METRICS]
@@ -49,14 +53,60 @@ def render(summary: Summary, failures: list[str], console: Console) -> None:
             table.add_row(f"[bold]{row}[/]", str(summary.cases[row]), *cells, style="bold")
         else:
             table.add_row(escape(row), str(summary.cases[row]), *cells)
-    console.print(table)
+    return table
+
+
+def _side_by_side(summary: Summary) -> Table:
+    """One row per class, each cell `dev / test`: the gap is read across, not between tables."""
+    sides = [summary.splits[side] for side in SIDES]
+    table = Table("class", "cases", *(HEADERS[name] for name in METRICS), title="dev / test")
+    for row in summary.metrics:
+        cases = " / ".join(str(side.cases.get(row, 0)) for side in sides)
+        cells = [
+            " / ".join(
+                _cell(name, side.metrics[row][name] if row in side.metrics else None, 1)
+                for side in sides
+            )
+            for name in METRICS
+        ]
+        if row == TOTAL:
+            table.add_section()
+            table.add_row(f"[bold]{row}[/]", cases, *cells, style="bold")
+        else:
+            table.add_row(escape(row), cases, *cells)
+    return table
+
+
+def render(summary: Summary, failures: list[str], console: Console) -> None:
+    title = "diagnosis evaluation"
+    if summary.runs > 1:
+        title += escape(f" (mean ±stdev [min-max] over {summary.runs} runs)")
+    split = all(side in summary.splits for side in SIDES)
+    if split and summary.runs == 1:
+        console.print(_side_by_side(summary))
+    elif split:
+        for side in SIDES:
+            console.print(_table(summary.splits[side], f"{title}: {side}"))
+    else:
+        console.print(_table(summary, title))
+    if split:
+        total = summary.metrics[TOTAL]
+        line = f"all {summary.cases[TOTAL]} cases: " + ", ".join(
+            f"{HEADERS[name]} {_cell(name, total[name], summary.runs)}"
+            for name in ("action_accuracy", "category_accuracy", "culprit_accuracy")
+        )
+        gap = summary.gap()
+        console.print(escape(line))
+        if gap is not None:
+            console.print(f"dev-test gap on action: {gap:+.2f}")
     if summary.misses:
         console.print(f"\n[bold]misses[/] ({len(summary.misses)})")
         for miss in summary.misses:
             runs = f" in {miss.runs_missed}/{miss.runs} runs" if miss.runs > 1 else ""
             kinds = ", ".join(kind.value for kind in miss.kinds)
             console.print(
-                f"[bold]{escape(miss.case_id)}[/] ({escape(miss.cls)}; {kinds}{runs})\n"
+                f"[bold]{escape(miss.case_id)}[/] ({escape(miss.cls)}, {miss.split}; "
+                f"{miss.outcome.value}: {kinds}{runs})\n"
                 f"  expected {escape(_labels(miss.expected))}\n"
                 f"  got      {escape(_labels(miss.got))}\n"
                 f"  source   {escape(miss.source)}"
@@ -92,23 +142,39 @@ def _miss_json(miss: CaseMiss) -> dict[str, Any]:
         "source": miss.source,
         "kinds": [kind.value for kind in miss.kinds],
         "runs_missed": miss.runs_missed,
+        "split": miss.split,
+        "outcome": miss.outcome.value,
         "expected": _labels_json(miss.expected),
         "got": _labels_json(miss.got),
     }
 
 
 def as_json(summary: Summary, failures: list[str]) -> dict[str, Any]:
-    """The stable `eval --json` shape: every metric as {mean, stdev, min, max} (or null)."""
+    """The stable `eval --json` shape: every metric as {mean, stdev, min, max} (or null).
 
-    def row(name: str) -> dict[str, Any]:
-        metrics = summary.metrics[name]
-        return {"cases": summary.cases[name]} | {m: _spread_json(metrics[m]) for m in METRICS}
+    `total`, `classes` and `misses` are over every case, as before the split; `splits` holds
+    the same `total` and `classes` per side, and `gap` dev minus test."""
 
+    def row(part: Summary, name: str) -> dict[str, Any]:
+        metrics = part.metrics[name]
+        return {"cases": part.cases[name]} | {m: _spread_json(metrics[m]) for m in METRICS}
+
+    def rows(part: Summary) -> dict[str, Any]:
+        return {
+            "total": row(part, TOTAL),
+            "classes": {name: row(part, name) for name in part.metrics if name != TOTAL},
+        }
+
+    gap = {
+        metric: None if (value := summary.gap(metric)) is None else round(value, 4)
+        for metric in ("action_accuracy", "category_accuracy", "culprit_accuracy")
+    }
     return {
         "runs": summary.runs,
         "passed": not failures,
         "failures": failures,
-        "total": row(TOTAL),
-        "classes": {name: row(name) for name in summary.metrics if name != TOTAL},
+        **rows(summary),
         "misses": [_miss_json(miss) for miss in summary.misses],
+        "splits": {side: rows(part) for side, part in summary.splits.items()},
+        "gap": gap,
     }

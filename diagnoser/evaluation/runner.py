@@ -59,7 +59,14 @@ def run(cases: Sequence[Case], diagnoser: Diagnoser, repeat: int = 1) -> list[li
         raise ValueError("repeat must be at least 1")
     return [
         [
-            Record(case.id, case.cls, ", ".join(case.sources), case.expected, diagnoser(case))
+            Record(
+                case.id,
+                case.cls,
+                ", ".join(case.sources),
+                case.expected,
+                diagnoser(case),
+                case.split.value,
+            )
             for case in cases
         ]
         for _ in range(repeat)

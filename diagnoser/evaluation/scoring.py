@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -37,6 +37,8 @@ class Floors:
     action: float | None = None
     category: float | None = None
     culprit: float | None = None
+    splits: Mapping[str, Floors] = field(default_factory=dict)
+    """The same floors for one side of the split (`dev`, `test`), checked on that side alone."""
 
 
 class Miss(StrEnum):
@@ -44,6 +46,18 @@ class Miss(StrEnum):
     CATEGORY = "category"
     CULPRIT = "culprit"
     FALSE_CORDON = "false_cordon"
+
+
+class Outcome(StrEnum):
+    """How a case's action and category came out, one of four (culprits are scored apart).
+
+    `silent` is the worst: a failing log called healthy, so nobody looks. `deferred` is honest
+    (a person or the LLM stage decides). `wrong` is a confident wrong answer."""
+
+    RIGHT = "right"
+    SILENT = "silent"
+    DEFERRED = "deferred"
+    WRONG = "wrong"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +69,8 @@ class Record:
     source: str
     expected: Labels
     got: Labels
+    split: str = "dev"
+    """`dev` or `test` (evals/README.md): the side of the held-back split the case is on."""
 
     @property
     def action_ok(self) -> bool:
@@ -94,6 +110,28 @@ class Record:
         return self.got.status is Status.INCONCLUSIVE or self.got.action is Action.ESCALATE
 
     @property
+    def failing(self) -> bool:
+        """The label says something went wrong (a failure, or a stop only a person can read)."""
+        return self.expected.status is not Status.HEALTHY
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.action_ok and self.category_ok:
+            return Outcome.RIGHT
+        if self.failing and self.got.status is Status.HEALTHY:
+            return Outcome.SILENT
+        if self.got.action is Action.ESCALATE and self.expected.action is not Action.ESCALATE:
+            return Outcome.DEFERRED
+        return Outcome.WRONG
+
+    @property
+    def benign_silent(self) -> bool | None:
+        """A benign log that stayed healthy; None for a failing case (not scored)."""
+        if self.failing:
+            return None
+        return self.got.status is Status.HEALTHY
+
+    @property
     def misses(self) -> tuple[Miss, ...]:
         found = []
         if not self.action_ok:
@@ -114,8 +152,14 @@ METRICS = (
     "false_cordons",
     "missed_cordons",
     "inconclusive_rate",
+    "silent_misses",
+    "deferrals",
+    "wrong_answers",
+    "benign_silence",
 )
-"""Metric names, in report order. Accuracies and rates are 0..1; cordons are counts."""
+"""Metric names, in report order. Accuracies and rates are 0..1; cordons, silent misses,
+deferrals and wrong answers are counts; benign silence is the share of benign cases that stayed
+healthy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +173,13 @@ class Metrics:
     false_cordons: int = 0
     missed_cordons: int = 0
     inconclusive: int = 0
+    failing: int = 0
+    """Cases whose label is not healthy: the denominator of the silent-miss share."""
+    silent: int = 0
+    deferred: int = 0
+    wrong: int = 0
+    benign: int = 0
+    benign_silent: int = 0
 
     def values(self) -> dict[str, float | None]:
         """Metric name -> value; None where the denominator is zero."""
@@ -143,6 +194,10 @@ class Metrics:
             "false_cordons": float(self.false_cordons),
             "missed_cordons": float(self.missed_cordons),
             "inconclusive_rate": rate(self.inconclusive, self.cases),
+            "silent_misses": float(self.silent),
+            "deferrals": float(self.deferred),
+            "wrong_answers": float(self.wrong),
+            "benign_silence": rate(self.benign_silent, self.benign),
         }
 
 
@@ -159,6 +214,15 @@ def _metrics(records: Iterable[Record]) -> Metrics:
         counts["false_cordons"] += r.false_cordon
         counts["missed_cordons"] += r.missed_cordon
         counts["inconclusive"] += r.inconclusive
+        counts["failing"] += r.failing
+        outcome = r.outcome
+        counts["silent"] += outcome is Outcome.SILENT
+        counts["deferred"] += outcome is Outcome.DEFERRED
+        counts["wrong"] += outcome is Outcome.WRONG
+        benign = r.benign_silent
+        if benign is not None:
+            counts["benign"] += 1
+            counts["benign_silent"] += benign
     return Metrics(**counts)
 
 
@@ -198,6 +262,8 @@ class CaseMiss:
     kinds: tuple[Miss, ...]
     runs_missed: int
     runs: int
+    split: str = "dev"
+    outcome: Outcome = Outcome.WRONG
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +274,17 @@ class Summary:
     metrics: dict[str, dict[str, Spread | None]]
     """Class (and `TOTAL`) -> metric name -> spread over runs (None: no denominator)."""
     misses: tuple[CaseMiss, ...] = field(default=())
+    splits: Mapping[str, Summary] = field(default_factory=dict)
+    """The same summary over each side of the split alone (`dev`, `test`), when the records
+    carry more than one."""
+
+    def gap(self, metric: str = "action_accuracy") -> float | None:
+        """Dev minus test on a metric: how much of the dev score is memory, not skill."""
+        dev, test = self.splits.get("dev"), self.splits.get("test")
+        if dev is None or test is None:
+            return None
+        a, b = dev.metrics[TOTAL][metric], test.metrics[TOTAL][metric]
+        return a.mean - b.mean if a is not None and b is not None else None
 
 
 def _spread(values: list[float | None]) -> Spread | None:
@@ -216,9 +293,21 @@ def _spread(values: list[float | None]) -> Spread | None:
 
 
 def summarise(runs: Sequence[Sequence[Record]]) -> Summary:
-    """Reduce N runs over the same cases to each metric's spread, and the cases ever missed."""
+    """Reduce N runs over the same cases to each metric's spread, and the cases ever missed;
+    and the same for each side of the split."""
     if not runs:
         raise ValueError("nothing to summarise: no runs")
+    summary = _summarise(runs)
+    sides = sorted({record.split for record in runs[0]})
+    if len(sides) < 2:
+        return summary
+    splits = {
+        side: _summarise([[r for r in run if r.split == side] for run in runs]) for side in sides
+    }
+    return Summary(summary.runs, summary.cases, summary.metrics, summary.misses, splits)
+
+
+def _summarise(runs: Sequence[Sequence[Record]]) -> Summary:
     scored = [score(run) for run in runs]
     rows = list(scored[0])
     metrics = {
@@ -234,7 +323,16 @@ def summarise(runs: Sequence[Sequence[Record]]) -> Summary:
                 first.setdefault(record.case_id, record)
     misses = tuple(
         CaseMiss(
-            r.case_id, r.cls, r.source, r.expected, r.got, r.misses, missed[r.case_id], len(runs)
+            r.case_id,
+            r.cls,
+            r.source,
+            r.expected,
+            r.got,
+            r.misses,
+            missed[r.case_id],
+            len(runs),
+            r.split,
+            r.outcome,
         )
         for r in sorted(first.values(), key=lambda r: (r.cls, r.case_id))
     )
@@ -243,12 +341,25 @@ def summarise(runs: Sequence[Sequence[Record]]) -> Summary:
 
 def gate(summary: Summary, floors: Floors) -> list[str]:
     """Why the evaluation fails (empty: it passes). Any false cordon in any run fails it; each
-    accuracy floor is checked against the mean over runs."""
+    accuracy floor is checked against the mean over runs, in total and on each split that has
+    floors of its own."""
     reasons = []
-    total = summary.metrics[TOTAL]
-    cordons = total["false_cordons"]
+    cordons = summary.metrics[TOTAL]["false_cordons"]
     if cordons is not None and cordons.max > 0:
         reasons.append(f"{cordons.max:.0f} false cordon(s): a healthy node would be cordoned")
+    reasons.extend(_below(summary, floors, ""))
+    for side, side_floors in sorted(floors.splits.items()):
+        side_summary = summary.splits.get(side)
+        if side_summary is None:
+            reasons.append(f"{side}: floors set, but no case is on the {side} split")
+            continue
+        reasons.extend(_below(side_summary, side_floors, f"{side} "))
+    return reasons
+
+
+def _below(summary: Summary, floors: Floors, prefix: str) -> list[str]:
+    reasons = []
+    total = summary.metrics[TOTAL]
     for name, floor in (
         ("action_accuracy", floors.action),
         ("category_accuracy", floors.category),
@@ -256,5 +367,5 @@ def gate(summary: Summary, floors: Floors) -> list[str]:
     ):
         value = total[name]
         if floor is not None and value is not None and value.mean < floor:
-            reasons.append(f"{name} {value.mean:.3f} is below its floor {floor:.3f}")
+            reasons.append(f"{prefix}{name} {value.mean:.3f} is below its floor {floor:.3f}")
     return reasons

@@ -147,7 +147,10 @@ class JobScanner:
         ):
             closed = headless_exception(line, offset, line_no)
 
-        events = self._line_events(mask, line, offset, line_no, node, rank, now)
+        # A line an open multi-line unit took in (a traceback's frame) is that unit's
+        # evidence: catch-all line rules stay out of it.
+        inside = verdict is Verdict.CONTINUE
+        events = self._line_events(mask, line, offset, line_no, node, rank, now, not inside)
         preceding: tuple[str, ...] = ()
         if closed is not None and closed.unit is not Unit.TRACEBACK:
             out.extend(self._block_events(closed, node, rank, now))
@@ -177,6 +180,7 @@ class JobScanner:
         node: str,
         rank: int | None,
         now: float,
+        fallbacks_too: bool = True,
     ) -> list[RuleEvent]:
         bits = mask & self._rule_mask
         events: list[RuleEvent] = []
@@ -198,7 +202,7 @@ class JobScanner:
                 event = self._event(rule, m, line, offset, line_no, node, rank, now, {}, ())
                 if event is not None:
                     events.append(event)
-        if not matched:
+        if not matched and fallbacks_too:
             for rule in fallbacks:
                 m = self._search(rule, line)
                 if m is not None:
@@ -215,13 +219,17 @@ class JobScanner:
             rank = int(block.entities["rank"])
         events: list[RuleEvent] = []
         context: str | None = None
+        headless = "headless" in block.entities
         for fallback in (False, True):
-            if fallback and (events or "headless" in block.entities):
-                # Without its traceback, an exception line counts only for a specific rule:
-                # `ConnectionError: retrying in 5s` printed by a healthy run is no incident.
+            if fallback and events:
                 break
             for rule in rules:
                 if rule.spec.fallback is not fallback:
+                    continue
+                if fallback and headless and not rule.spec.headless:
+                    # Without its traceback, an exception line counts for a specific rule, or
+                    # for a catch-all written for it (one that lets `ConnectionError: retrying
+                    # in 5s` from a healthy run pass).
                     continue
                 m = self._search(rule, block.text)
                 if m is None:

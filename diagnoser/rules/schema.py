@@ -97,7 +97,13 @@ FAILURE_TYPES: dict[str, _FT] = {
     "segfault": (Category.FRAMEWORK, Action.ESCALATE),
     "cuda_error": (Category.FRAMEWORK, Action.ESCALATE),
     "worker_process_failed": (Category.FRAMEWORK, Action.ESCALATE),
-    "hang": (Category.FRAMEWORK, Action.ESCALATE),
+    "abnormal_exit": (Category.FRAMEWORK, Action.ESCALATE),
+    "fatal_signal": (Category.FRAMEWORK, Action.ESCALATE),
+    "gpu_fault": (Category.FRAMEWORK, Action.ESCALATE),
+    "unexplained_traceback": (Category.FRAMEWORK, Action.ESCALATE),
+    "communicator_aborted": (Category.NETWORK, Action.ESCALATE),
+    "hang": (Category.FRAMEWORK, Action.RESTART_JOB),
+    "extension_build_lock": (Category.FRAMEWORK, Action.NOTIFY_USER),
 }
 """failure_type -> (category, default action), per docs/failure-taxonomy.md (`healthy` omitted)."""
 
@@ -172,6 +178,9 @@ class Rule(_Strict):
     """Literal strings, one of which every matching line contains (prefilter); derived if unset."""
     fallback: bool = False
     """Fire only when no non-fallback rule fired on the same line or block."""
+    headless: bool = False
+    """Fallback traceback rules only: also see an exception line whose traceback header is
+    missing (other fallback rules never do; specific ones always do)."""
     window: Window | None = None
     symptom_of: Relation | None = None
     overrides: Relation | None = None
@@ -202,6 +211,8 @@ class Rule(_Strict):
             raise ValueError("action_map needs action_from")
         if self.action_from and not self.action_map:
             raise ValueError("action_from needs action_map")
+        if self.headless and not (self.fallback and self.unit is Unit.TRACEBACK):
+            raise ValueError("headless applies to fallback traceback rules only")
         if self.requires and self.unit is Unit.LINE:
             raise ValueError("requires applies to multi-line units only")
         if self.anchors is not None and self.unit is not Unit.LINE:

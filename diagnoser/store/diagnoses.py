@@ -119,6 +119,15 @@ async def set_culprits(session: AsyncSession, diagnosis_id: str, nodes: Sequence
     session.add_all(DiagnosisCulpritRow(diagnosis_id=diagnosis_id, node=n) for n in set(nodes))
 
 
+async def supersede_pending(session: AsyncSession, diagnosis_id: str) -> None:
+    """The diagnosis's unclaimed actions are no longer wanted (a hang that resolved itself)."""
+    await session.execute(
+        update(ActionRow)
+        .where(ActionRow.diagnosis_id == diagnosis_id, ActionRow.state == "pending")
+        .values(state="superseded", updated_at=utcnow())
+    )
+
+
 async def queue_action(session: AsyncSession, row: DiagnosisRow) -> None:
     """Outbox: the action to execute, written in the diagnosis's transaction.
 

@@ -1,5 +1,5 @@
-"""The hang detector in the running service: a running job that stops without a reason is
-escalated.
+"""The hang detector in the running service: a running job that stops without a reason gets
+a restart (the default `DIAGNOSER_HANG__ACTION`).
 
 A real uvicorn server with a 2-second hang window (checked every 0.2 s), on SQLite and
 PostgreSQL. Waiting is polling, bounded by a deadline: nothing here asserts a duration.
@@ -60,7 +60,7 @@ def wait_for(
         time.sleep(0.1)
 
 
-def test_a_stalled_job_is_escalated_as_a_hang_then_resolved_when_it_resumes(
+def test_a_stalled_job_is_restarted_as_a_hang_then_resolved_when_it_resumes(
     service: ServiceProcess,
 ) -> None:
     event(service, "stuck", "started")
@@ -72,7 +72,7 @@ def test_a_stalled_job_is_escalated_as_a_hang_then_resolved_when_it_resumes(
     hang = found[0]
     assert (hang["failure_type"], hang["action"], hang["category"], hang["status"]) == (
         "hang",
-        "escalate",
+        "restart_job",
         "framework",
         "open",
     )
@@ -116,7 +116,7 @@ def test_a_node_whose_launcher_failed_is_the_suspect(service: ServiceProcess) ->
     event(service, "peer-died", "exited", node="node-2", exit_code=-9)
     found = wait_for(lambda: job_diagnoses(service, "peer-died"), bool)
     assert [(d["failure_type"], d["action"], d["culprit_nodes"]) for d in found] == [
-        ("hang", "escalate", ["node-2"])
+        ("hang", "restart_job", ["node-2"])
     ]
     assert "node-2 reported a failed exit" in str(found[0]["summary"])
 

@@ -132,12 +132,18 @@ def test_stalled_for_turns_a_quiet_log_into_a_hang_with_the_same_json_keys(
     assert quiet["status"] == early["status"] == "healthy"
     assert set(hung) == CONTRACT_KEYS | ADDED_KEYS
     assert (hung["status"], hung["failure_type"], hung["action"]) == (
-        "inconclusive",
+        "failure",
         "hang",
-        "escalate",
+        "restart_job",
     )
     assert hung["summary"].startswith("no progress for 45 min")
     assert hung["evidence"][0]["line_no"] == 3
+    conservative = run_diagnoser(
+        "diagnose", str(log), "--json", "--stalled-for", "45m",
+        env={"DIAGNOSER_HANG__ACTION": "escalate"},
+    )  # fmt: skip
+    escalated = json.loads(conservative.stdout)
+    assert (escalated["status"], escalated["action"]) == ("inconclusive", "escalate")
 
 
 def test_stalled_for_mtime_reads_the_files_age(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.servers import run_diagnoser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +48,7 @@ def test_a_broken_corpus_exits_2_with_one_line_per_problem(tmp_path: Path) -> No
     case.mkdir(parents=True)
     (case / "node-0.log").write_text("hello\n")
     (case / "case.yaml").write_text(
-        "id: bad\nclass: x\nsource: s\nexpected: {status: failure, category: hardware, "
+        "id: bad\nclass: x\nsplit: dev\nsource: s\nexpected: {status: failure, category: hardware, "
         "failure_type: gpu_lost, action: cordon, culprit_nodes: []}\n"
     )
     result = evaluate(str(tmp_path))
@@ -71,3 +73,35 @@ def test_without_the_reported_stalls_the_hangs_are_missed_and_nothing_else_chang
     for name, row in with_stalls["classes"].items():
         if name != "hang":
             assert row == text_only["classes"][name], name
+
+
+def test_dev_and_test_are_reported_side_by_side_with_the_gap() -> None:
+    report = json.loads(evaluate("evals/", "--json").stdout)
+    dev, test = report["splits"]["dev"], report["splits"]["test"]
+    assert dev["total"]["cases"] + test["total"]["cases"] == report["total"]["cases"]
+    assert test["total"]["cases"] * 3 >= report["total"]["cases"]
+    assert set(test["classes"]) == set(report["classes"])  # every class has test cases
+    gap = dev["total"]["action_accuracy"]["mean"] - test["total"]["action_accuracy"]["mean"]
+    assert report["gap"]["action_accuracy"] == pytest.approx(gap, abs=1e-3)
+    for row in (dev["total"], test["total"], report["total"]):
+        for metric in ("silent_misses", "deferrals", "wrong_answers", "benign_silence"):
+            assert metric in row
+    assert test["total"]["false_cordons"]["max"] == 0
+    assert all(miss["split"] in {"dev", "test"} for miss in report["misses"])
+    table = evaluate("evals/").stdout
+    assert "dev / test" in table
+    assert "dev-test gap on action" in table
+
+
+def test_a_test_floor_above_reach_fails_the_gate(tmp_path: Path) -> None:
+    (tmp_path / "cases").symlink_to(ROOT / "evals" / "cases")
+    (tmp_path / "floors.yaml").write_text("test:\n  category: 1.0\n")
+    result = evaluate(str(tmp_path), "--json")
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["failures"][0].startswith("test category_accuracy")
+
+
+def test_the_score_does_not_depend_on_the_shells_hang_settings() -> None:
+    env = {"DIAGNOSER_HANG__ACTION": "escalate", "DIAGNOSER_HANG__TIMEOUT_S": "999999"}
+    report = json.loads(run_diagnoser("eval", "evals/", "--json", env=env, cwd=ROOT).stdout)
+    assert report["classes"]["hang"]["action_accuracy"]["mean"] == 1.0

@@ -14,6 +14,7 @@ from diagnoser.rules import Action, Category
 GOOD = """\
 id: {id}
 class: gpu_lost
+split: test
 source: https://github.com/example/repo/issues/1
 tags: [truncated]
 expected:
@@ -131,3 +132,25 @@ def test_an_observed_stall_without_a_quote_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CorpusError) as caught:
         load_corpus(tmp_path)
     assert any("observed.quote" in p for p in caught.value.problems)
+
+
+def test_a_case_without_a_split_is_refused(tmp_path: Path) -> None:
+    folder = write_case(tmp_path, "gpu-lost-1")
+    text = (folder / "case.yaml").read_text()
+    (folder / "case.yaml").write_text(text.replace("split: test\n", ""))
+    with pytest.raises(CorpusError) as caught:
+        load_corpus(tmp_path)
+    assert any("split: Field required" in p for p in caught.value.problems)
+    (folder / "case.yaml").write_text(text.replace("split: test", "split: train"))
+    with pytest.raises(CorpusError) as caught:
+        load_corpus(tmp_path)
+    assert any("split: Input should be 'dev' or 'test'" in p for p in caught.value.problems)
+
+
+def test_floors_per_split(tmp_path: Path) -> None:
+    path = tmp_path / "floors.yaml"
+    path.write_text("action: 0.8\ndev: {action: 0.9}\ntest: {action: 0.7, category: 0.75}\n")
+    assert load_floors(path) == Floors(0.8, splits={"dev": Floors(0.9), "test": Floors(0.7, 0.75)})
+    path.write_text("train: {action: 0.9}\n")
+    with pytest.raises(CorpusError, match="train: Extra inputs are not permitted"):
+        load_floors(path)

@@ -10,6 +10,7 @@ from diagnoser.evaluation.scoring import (
     Floors,
     Labels,
     Miss,
+    Outcome,
     Record,
     Spread,
     gate,
@@ -132,3 +133,74 @@ def test_gate_fails_on_any_false_cordon_and_on_floors() -> None:
 def test_nothing_to_summarise() -> None:
     with pytest.raises(ValueError, match="no runs"):
         summarise([])
+
+
+def test_each_miss_is_silent_deferred_or_wrong() -> None:
+    hw = labels(CORDON, Category.HARDWARE, "n1")
+    oom = labels(Action.NOTIFY_USER, Category.RESOURCE)
+    assert record(hw, hw).outcome is Outcome.RIGHT
+    assert record(hw, HEALTHY).outcome is Outcome.SILENT
+    assert record(oom, labels(Action.ESCALATE, Category.RESOURCE)).outcome is Outcome.DEFERRED
+    assert record(oom, labels(Action.RESTART_JOB, Category.RESOURCE)).outcome is Outcome.WRONG
+    # right action, wrong category: still a confident wrong answer
+    assert record(oom, labels(Action.NOTIFY_USER, Category.USER_CODE)).outcome is Outcome.WRONG
+    # a benign log flagged with confidence is wrong; escalated, it is deferred
+    assert record(HEALTHY, oom).outcome is Outcome.WRONG
+    assert record(HEALTHY, labels(Action.ESCALATE)).outcome is Outcome.DEFERRED
+
+
+def test_silent_misses_and_benign_silence_are_counted() -> None:
+    hw = labels(CORDON, Category.HARDWARE, "n1")
+    records = [
+        record(hw, HEALTHY, "gpu", "a"),
+        record(hw, labels(Action.ESCALATE), "gpu", "b"),
+        record(HEALTHY, HEALTHY, "benign", "c"),
+        record(HEALTHY, labels(Action.ESCALATE), "benign", "d"),
+    ]
+    total = score(records)[TOTAL].values()
+    assert (total["silent_misses"], total["deferrals"], total["wrong_answers"]) == (1, 2, 0)
+    assert total["benign_silence"] == 0.5
+    assert score(records)["gpu"].values()["benign_silence"] is None
+
+
+def split_record(expected: Labels, got: Labels, case: str, split: str) -> Record:
+    return Record(case, "c", "https://example.org/issue", expected, got, split)
+
+
+def test_dev_and_test_are_summarised_apart_with_their_gap() -> None:
+    hw = labels(CORDON, Category.HARDWARE, "n1")
+    run = [
+        split_record(hw, hw, "a", "dev"),
+        split_record(hw, hw, "b", "dev"),
+        split_record(hw, hw, "c", "test"),
+        split_record(hw, HEALTHY, "d", "test"),
+    ]
+    summary = summarise([run])
+    assert set(summary.splits) == {"dev", "test"}
+    assert summary.splits["dev"].cases[TOTAL] == 2
+    test_action = summary.splits["test"].metrics[TOTAL]["action_accuracy"]
+    assert test_action is not None
+    assert test_action.mean == 0.5
+    assert summary.gap() == 0.5
+    assert [(m.case_id, m.split, m.outcome) for m in summary.misses] == [
+        ("d", "test", Outcome.SILENT)
+    ]
+
+
+def test_floors_apply_to_each_split() -> None:
+    hw = labels(CORDON, Category.HARDWARE, "n1")
+    summary = summarise(
+        [[split_record(hw, hw, "a", "dev"), split_record(hw, HEALTHY, "b", "test")]]
+    )
+    floors = Floors(0.5, splits={"dev": Floors(0.9), "test": Floors(0.9)})
+    assert gate(summary, floors) == ["test action_accuracy 0.000 is below its floor 0.900"]
+    assert gate(summary, Floors(0.5)) == []
+
+
+def test_one_split_alone_has_no_side_summaries() -> None:
+    summary = summarise([[record(HEALTHY, HEALTHY)]])
+    assert summary.splits == {}
+    assert summary.gap() is None
+    assert gate(summary, Floors(splits={"test": Floors(0.5)})) == [
+        "test: floors set, but no case is on the test split"
+    ]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.rules import RuleSet, load_dir, scan_lines
+from diagnoser.rules import Action, RuleSet, load_dir, scan_lines
 
 PACK = Path(__file__).resolve().parents[2] / "rules"
 
@@ -108,9 +108,18 @@ def test_a_complete_traceback_yields_one_event_not_a_second_headless_one(pack: R
         # Headless, a type no specific rule names is not enough: healthy runs print these.
         "MeanSquaredError: 0.0123",
         "ConnectionError: retrying in 5s",
-        "Exception: evaluation dataset is empty",
-        "java.io.IOException: Broken pipe",
     ],
 )
 def test_exceptions_named_inside_other_text_are_not_failures(pack: RuleSet, line: str) -> None:
     assert scan_lines(pack, [line]) == []
+
+
+@pytest.mark.parametrize(
+    "line", ["Exception: evaluation dataset is empty", "java.io.IOException: Broken pipe"]
+)
+def test_a_headless_exception_of_an_unknown_type_escalates(pack: RuleSet, line: str) -> None:
+    """Never silent on a failing log (rules/escalation.yaml): an uncaught exception line at
+    column 0 escalates when it does not say it is being retried or report a value."""
+    (event,) = scan_lines(pack, [line])
+    assert (event.rule_id, event.action) == ("unexplained_exception_line", Action.ESCALATE)
+    assert event.entities["headless"] == "true"

@@ -80,7 +80,7 @@ def test_a_command_that_stops_progressing_is_diagnosed_as_a_hang_while_it_runs(
             found = httpx.get(f"{service.base_url}/v1/jobs/sleepy/diagnoses").json()["diagnoses"]
             time.sleep(0.2)
         assert process.poll() is None, "the hang was not seen while the command still ran"
-        assert [(d["failure_type"], d["action"]) for d in found] == [("hang", "escalate")]
+        assert [(d["failure_type"], d["action"]) for d in found] == [("hang", "restart_job")]
         assert "after step 5" in str(found[0]["summary"])
         assert process.wait(30) == 0
 

@@ -1,0 +1,172 @@
+"""Never silent on a failing log, never noisy on a healthy one (rules/escalation.yaml).
+
+Each log is a training run's last lines with one failure report in a spelling no specific rule
+reads: the job must end escalated (or better), naming that line. The healthy logs carry the
+warnings, retries and skipped steps that runs print while they keep training: they must stay
+healthy. And a catch-all never hides a specific diagnosis printed in the same job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diagnoser.diagnosis.correlate import Status, Verdict
+from diagnoser.diagnosis.offline import diagnose, node_logs
+from diagnoser.rules import Action, RuleSet
+
+STEPS = "".join(
+    f" iteration {i:>6}/  500000 | consumed samples: {i * 128:>10} | lm loss: 2.41E+00 |\n"
+    for i in range(1, 4)
+)
+
+FAILING = {
+    "faulthandler": "Fatal Python error: Bus error",
+    "glog handler": "*** SIGBUS (@0x7f3a2c000000) received by PID 51234 (TID 0x7f3b6) from PID 0",
+    "elastic signal": "Signal 6 (SIGABRT) received by PID 2981",
+    "c++ terminate": "terminate called after throwing an instance of 'c10::Error'",
+    "shell core dump": "line 12: 40511 Aborted                 (core dumped) python train.py",
+    "ucx handler": "[node-3:41234:0:41234] Caught signal 7 (Bus error: nonexistent physical "
+    "address)",
+    "slurm task exit": "srun: error: gpu-node-17: task 3: Exited with exit code 1",
+    "slurm cancel": "slurmstepd: error: *** STEP 4412.0 ON gpu-node-9 CANCELLED AT "
+    "2024-05-01T10:22:01 ***",
+    "open mpi signal": "mpirun noticed that process rank 5 with PID 0 on node n4 exited on "
+    "signal 9 (Killed).",
+    "mpich": "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES",
+    "deepspeed launcher": "[launch.py:347:main] Process 4471 exits with return code = 1",
+    "elastic exit": "failed (exitcode: 1) local_rank: 0 (pid: 5121) of binary: /usr/bin/python3",
+    "generic exit": "Process finished with exit code 139",
+    "driver api": "XlaRuntimeError: INTERNAL: CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure",
+    "cublas": "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm`",
+    "cudnn": "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
+    "thc": "THCudaCheck FAIL file=/pytorch/aten/src/THC/THCGeneral.cpp line=405 error=4 : "
+    "unspecified",
+    "hip": "RuntimeError: HIP error: hipErrorIllegalAddress",
+    "hsa": "Memory access fault by GPU node-2 (Agent handle: 0x55d1c8a0) on address "
+    "0x7f1c00000000.",
+    "amdgpu reset": "amdgpu 0000:c1:00.0: amdgpu: GPU reset begin!",
+    "nvrm": "NVRM: GPU 0000:3b:00.0: GPU reset is required",
+    "nvml": "Failed to initialize NVML: Driver/library version mismatch",
+    "comm aborted": "NCCL communicator was aborted on rank 3.",
+    "watchdog exc": "[PG 0 Rank 1] Process group watchdog thread terminated with exception: boom",
+    "nan word": "Epoch 3 Batch 1200 loss = Infinity",
+    "keras": "Batch 512: Invalid loss, terminating training",
+    "lightning": "ValueError: The loss returned in `training_step` is nan.",
+    "clip": "RuntimeError: The total norm of order 2.0 for gradients from `parameters` is "
+    "non-finite, so it cannot be clipped.",
+    "megatron nan": "ValueError: Rank 5: found NaN in local forward loss calculation. Device: 5",
+    "apex scale": "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 0.0",
+    "fairseq scale": "| INFO | fairseq.trainer | NOTE: overflow detected, setting loss scale to: "
+    "0.0005",
+    "fairseq min": "FloatingPointError: Minimum loss scale reached (0.0001).",
+    "deepspeed min": "Current loss scale already at minimum - cannot decrease scale anymore. "
+    "Exiting",
+    "headless exception": "safetensors_rust.SafetensorError: Error while deserializing header",
+    "frames only": '  File "/usr/lib/python3/dist-packages/deepspeed/runtime/engine.py", line '
+    "2087, in step",
+}
+
+HEALTHY = {
+    "nccl info": "NCCL INFO Channel 00/02 :    0   1   2   3\nNCCL INFO comm 0x55 rank 0 - Init "
+    "COMPLETE",
+    "deepspeed skip": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, "
+    "reducing to 32768",
+    "apex skip": "Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to 16384.0",
+    "fairseq skip": "| INFO | fairseq.trainer | NOTE: overflow detected, setting loss scale to: "
+    "64.0",
+    "tensorboardx": "Warning: NaN or Inf found in input tensor.",
+    "retry": "ConnectionError: retrying in 5s",
+    "urllib3 retry": "WARNING:urllib3.connectionpool:Retrying (Retry(total=4, connect=None, "
+    "read=None, redirect=None, status=None)) after connection broken by 'ReadTimeoutError()'",
+    "hub retry": "huggingface_hub.utils._http: HTTPError: 502 Bad Gateway. Retrying in 1s [Retry "
+    "1/5].",
+    "metric": "MeanSquaredError: 0.0132",
+    "user warning": "/ws/train.py:88: UserWarning: torch.cuda.amp.GradScaler(args...) is "
+    "deprecated",
+    "future warning": "FutureWarning: `resume_download` is deprecated and will be removed in "
+    "1.0.0.",
+    "launcher ok": "[launch.py:347:main] Process 4471 exits with return code = 0",
+    "exit ok": "Process finished with exit code 0",
+    "slurm queued": "srun: job 4412 queued and waiting for resources",
+    "signal setup": "Installing signal handlers for SIGTERM and SIGINT",
+    "extension": "Using /root/.cache/torch_extensions/py310_cu121 as PyTorch extensions root...\n"
+    "Loading extension module fused_adam...",
+    "nvrm load": "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.129.03",
+    "amdgpu ok": "amdgpu 0000:c1:00.0: amdgpu: GPU reset succeeded, trying to resume",
+    "loss line": "Epoch 1: 40%|####      | 400/1000 [01:12<01:48, 5.5it/s, loss=0.231, v_num=3]",
+    "keras progress": "1200/1200 [==============================] - 41s 34ms/step - loss: 0.2310",
+    "cudnn info": "Using cuDNN 8.9.2, CUBLAS_WORKSPACE_CONFIG=:4096:8",
+}
+
+
+def verdict_of(pack: RuleSet, tmp_path: Path, *texts: str) -> Verdict:
+    paths = []
+    for i, text in enumerate(texts):
+        path = tmp_path / f"node-{i}.log"
+        path.write_text(STEPS + text + "\n", encoding="utf-8")
+        paths.append(path)
+    return diagnose(node_logs(paths), pack).verdict
+
+
+@pytest.mark.parametrize("line", FAILING.values(), ids=list(FAILING))
+def test_a_failure_report_no_rule_explains_is_never_healthy(
+    pack: RuleSet, tmp_path: Path, line: str
+) -> None:
+    verdict = verdict_of(pack, tmp_path, line)
+    assert verdict.status is not Status.HEALTHY
+    assert verdict.action is not Action.NONE
+    assert verdict.action is not Action.CORDON_NODE_AND_RESTART
+    assert verdict.root is not None
+    assert verdict.root.text.strip() in line
+
+
+@pytest.mark.parametrize("text", HEALTHY.values(), ids=list(HEALTHY))
+def test_a_healthy_run_printing_warnings_and_retries_stays_healthy(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    assert verdict_of(pack, tmp_path, text).status is Status.HEALTHY
+
+
+WATCHDOG = (
+    "[rank1]:[E ProcessGroupNCCL.cpp:563] [Rank 1] Watchdog caught collective operation timeout: "
+    "WorkNCCL(SeqNum=71, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+    "600321 milliseconds before timing out."
+)
+
+
+def test_a_catch_all_never_hides_the_specific_diagnosis(pack: RuleSet, tmp_path: Path) -> None:
+    aborted = "\n".join(
+        [
+            WATCHDOG,
+            "[rank1]:[E ProcessGroupNCCL.cpp:1182] [PG 0 Rank 1] Process group watchdog thread "
+            "terminated with exception: NCCL communicator was aborted",
+            "terminate called after throwing an instance of 'c10::DistBackendError'",
+            "Fatal Python error: Aborted",
+            "srun: error: gpu-node-1: task 1: Aborted",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, aborted)
+    assert (verdict.failure_type, verdict.action) == ("nccl_timeout", Action.RESTART_JOB)
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    verdict = verdict_of(pack, tmp_path, oom, "srun: error: gpu-node-2: task 0: Killed")
+    assert (verdict.failure_type, verdict.action) == ("cuda_oom", Action.NOTIFY_USER)
+
+
+def test_a_complete_traceback_keeps_its_classification(pack: RuleSet, tmp_path: Path) -> None:
+    traceback = (
+        "Traceback (most recent call last):\n"
+        '  File "/workspace/train.py", line 212, in <module>\n'
+        "    main()\n"
+        "KeyError: 'labels'"
+    )
+    verdict = verdict_of(pack, tmp_path, traceback)
+    assert (verdict.failure_type, verdict.action) == ("KeyError", Action.NOTIFY_USER)
+
+
+def test_the_escalation_names_its_lines(pack: RuleSet, tmp_path: Path) -> None:
+    verdict = verdict_of(pack, tmp_path, FAILING["faulthandler"], FAILING["slurm task exit"])
+    assert verdict.action is Action.ESCALATE
+    texts = {event.text for event in verdict.evidence}
+    assert {FAILING["faulthandler"], FAILING["slurm task exit"]} <= texts
