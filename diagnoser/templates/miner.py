@@ -47,13 +47,15 @@ class MinerConfig:
 
     max_templates: int = 1000
     """Per miner (per family); the least recently seen template is evicted past it."""
-    similarity: float = 0.5
+    similarity: float = 0.7
     """Share of text words a line must have in common with a template to join it."""
     max_samples: int = 5
     max_line_chars: int = 4096
     """Longer lines are mined (and sampled) on their first `max_line_chars` characters."""
-    sibling_values: int = 5
+    sibling_values: int = 4
     """Templates that differ only in one plain word: this many make that word a variable."""
+    sibling_context: int = 2
+    """...and only when the other words hold at least this many text words."""
     cache_entries: int = 50_000
     """Per cache; a full cache is dropped and refilled, which bounds memory."""
 
@@ -294,8 +296,9 @@ class TemplateMiner:
             self._unindex(twin)
             self._fold(keep=t, gone=twin)
         bucket[t.key] = t
+        text = sum(kind in (CONST, WORD) for kind in t.kinds)
         for i, kind in enumerate(t.kinds):
-            if kind != WORD:
+            if kind != WORD or text < 1 + self.config.sibling_context:
                 continue
             hole = (i, *t.words[:i], *t.words[i + 1 :])
             group = self._holes.setdefault(hole, {})
