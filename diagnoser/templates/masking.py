@@ -5,9 +5,9 @@ starts or ends, so `step:396/20344` becomes `step:`, `396`, `/`, `20344` and mas
 `step:<int>/<int>`; whitespace runs are tokens too, so `"".join(tokenize(line)) == line` and a
 masked line reads like the line it came from.
 
-The patterns decide from character classes only, never from how many digits a run has. Two lines
-that differ only in their digit runs therefore mask the same; the miner relies on this to look a
-line up by its digit-normalised skeleton before it masks anything.
+The patterns decide from character classes only: which digit a position holds never matters,
+except a 0 before `x`. Two lines that differ only in digits 1-9 therefore mask the same; the
+miner relies on this to look a line up by its `skeleton` before it masks anything.
 """
 
 from __future__ import annotations
@@ -60,13 +60,16 @@ _WHITESPACE = re.compile(r"\s+")
 _SPLIT = re.compile(rf"(\s+|{VARIABLE.pattern})")
 
 SENTINEL: dict[Slot, str] = {slot: chr(0xE000 + i) for i, slot in enumerate(Slot)}
-"""The private-use character that stands for each slot in a masked line (see `mask_line`)."""
+"""The private-use character that stands for each slot in a masked line (see `mask_word`)."""
 SLOT_OF_SENTINEL: dict[str, Slot] = {c: slot for slot, c in SENTINEL.items()}
 _SENTINEL_OF_GROUP = {g: SENTINEL[slot] for g, slot in _SLOT_OF_GROUP.items()}
-_SCRUB = str.maketrans(dict.fromkeys(SENTINEL.values(), "\ufffd"))
+# Sentinels, NUL and lone surrogates: none may reach a template (JSON, PostgreSQL, regexes).
+_SCRUB = str.maketrans(
+    dict.fromkeys([*SENTINEL.values(), "\x00", *map(chr, range(0xD800, 0xE000))], "\ufffd")
+)
 _RENDER = str.maketrans({c: f"<{slot.value}>" for slot, c in SENTINEL.items()})
-# Digit runs become "1"; a "0" that opens a `0x` prefix is kept, since it decides a hex slot.
-_DIGIT_RUN = re.compile(r"(?!0[xX])[0-9]+")
+_INT = SENTINEL[Slot.INT]
+_SKELETON = bytes.maketrans(b"123456789", b"111111111")
 
 
 def slot_of_group(group: str | None) -> Slot:
@@ -106,25 +109,38 @@ def render(masked: Sequence[str | Slot]) -> str:
     return "".join(f"<{t.value}>" if isinstance(t, Slot) else t for t in masked)
 
 
-def mask_line(line: str) -> str:
-    """The line with each variable part replaced by its slot's sentinel character.
+def mask_word(word: str) -> str:
+    """A whitespace-free word with each variable part replaced by its slot's sentinel character.
 
-    Sentinel characters already in the line become U+FFFD, so a sentinel always means a slot.
+    No pattern spans whitespace, so masking word by word gives what masking the line would.
+    Sentinel characters already in the word become U+FFFD, so a sentinel always means a slot;
+    so do NUL and lone surrogates, which JSON stores and databases reject.
     """
-    return VARIABLE.sub(_sentinel, line.translate(_SCRUB))
+    if word.isascii():
+        if word.isdigit():
+            return _INT
+        if "\x00" in word:
+            word = word.translate(_SCRUB)
+    else:
+        word = word.translate(_SCRUB)
+    return VARIABLE.sub(_sentinel, word)
 
 
 def _sentinel(m: re.Match[str]) -> str:
     return _SENTINEL_OF_GROUP[m.lastgroup or ""]
 
 
-def skeleton(line: str) -> str:
-    """The line with every digit run normalised: lines with equal skeletons mask the same."""
-    return _DIGIT_RUN.sub("1", line)
+def skeleton(line: str) -> bytes:
+    """The line's UTF-8 with digits 1-9 written as 1: lines with equal skeletons mask the same.
+
+    A 0 stays, since a `0x` prefix decides a hex slot; no pattern depends on which digit it sees
+    otherwise. Bytes, because `bytes.translate` is several times faster than `str.translate`.
+    """
+    return line.encode("utf-8", "surrogatepass").translate(_SKELETON)
 
 
 def render_masked(text: str) -> str:
-    """A `mask_line` result (or part of one) with its sentinels written `<int>`, `<*>`, ..."""
+    """A `mask_word` result (or part of one) with its sentinels written `<int>`, `<*>`, ..."""
     return text.translate(_RENDER)
 
 

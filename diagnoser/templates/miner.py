@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Any
 
 from diagnoser.templates.masking import (
     SENTINEL,
     SLOT_OF_SENTINEL,
-    mask_line,
+    mask_word,
     render_masked,
     skeleton,
     split_words,
@@ -39,6 +40,8 @@ a plain word (letters with surrounding punctuation), which only `siblings` lines
 _PUNCT = "()[]{}\"'<>,.;:!?"
 
 STATE_VERSION = 1
+_MAX_SIBLING_WORDS = 64
+"""Longer templates skip the sibling index, whose cost grows with the square of the length."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,12 @@ class MinerConfig:
     """Per cache; a full cache is dropped and refilled, which bounds memory."""
 
 
+@lru_cache(maxsize=1 << 16)
+def _shape(word: str) -> tuple[str, int]:
+    """A masked word's generic form (every slot as `<*>`) and its kind."""
+    return word.translate(_GENERIC), _kind(word)
+
+
 def _kind(word: str) -> int:
     if not any(c in _SENTINELS for c in word):
         return WORD if word.strip(_PUNCT).isalpha() else CONST
@@ -69,12 +78,12 @@ def _kind(word: str) -> int:
 
 
 def _clean(text: str) -> str:
-    """Text that encodes as UTF-8 (lone surrogates become U+FFFD), for JSON and databases."""
+    """Text fit for JSON and databases: NUL and lone surrogates become U+FFFD."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return text
+        text = "".join("\ufffd" if 0xD800 <= ord(c) < 0xE000 else c for c in text)
+    return text.replace("\x00", "\ufffd")
 
 
 class _Template:
@@ -97,15 +106,15 @@ class _Template:
         self.id = tid
         self.words = words
         self.seps = seps
-        self.generic = [w.translate(_GENERIC) for w in words]
-        self.kinds = [_kind(w) for w in words]
+        self.generic = [_shape(w)[0] for w in words]
+        self.kinds = [_shape(w)[1] for w in words]
         self.key = " ".join(words)
         self.count = 0
         self.first_seen = line_no
         self.last_seen = line_no
         self.samples: list[str] = []
         self.absorbed: list[int] = []
-        self.holes: list[tuple[object, ...]] = []
+        self.holes: list[int] = []
 
     def set_wild(self, i: int) -> None:
         self.words[i] = _ANY
@@ -125,8 +134,7 @@ class _Template:
                 merged = _ANY
             if merged != mine:
                 self.words[i] = merged
-                self.generic[i] = merged.translate(_GENERIC)
-                self.kinds[i] = _kind(merged)
+                self.generic[i], self.kinds[i] = _shape(merged)
                 changed = True
         if changed:
             self.key = " ".join(self.words)
@@ -174,10 +182,11 @@ class TemplateMiner:
         self._buckets: dict[int, dict[str, _Template]] = {}
         """Word count -> template key -> template."""
         self._alias: dict[int, int] = {}
-        self._holes: dict[tuple[object, ...], dict[int, _Template]] = {}
-        """(position, the other words) -> templates equal but for a plain word there."""
-        self._by_skeleton: dict[str, int] = {}
+        self._holes: dict[int, dict[int, _Template]] = {}
+        """hash(position, the other words) -> templates equal but for a plain word there."""
+        self._by_skeleton: dict[bytes, int] = {}
         self._by_masked: dict[str, int] = {}
+        self._by_word: dict[str, str] = {}
         self._next_id = 1
         self._lines = 0
 
@@ -190,12 +199,11 @@ class TemplateMiner:
         skel = skeleton(line)
         t = self._cached(self._by_skeleton, skel)
         if t is None:
-            masked = mask_line(line)
-            words = masked.split()
+            words = self._mask(line)
             mkey = " ".join(words)
             t = self._cached(self._by_masked, mkey)
             if t is None:
-                t = self._learn(masked, words)
+                t = self._learn(line, words)
                 self._remember(self._by_masked, mkey, t.id)
             self._remember(self._by_skeleton, skel, t.id)
         t.count += 1
@@ -211,7 +219,7 @@ class TemplateMiner:
         t = self._cached(self._by_skeleton, skeleton(line))
         if t is not None:
             return t.id
-        words = mask_line(line).split()
+        words = self._mask(line)
         t = self._cached(self._by_masked, " ".join(words))
         if t is None:
             t = self._best(words)[0]
@@ -237,12 +245,26 @@ class TemplateMiner:
 
     # -- learning ---------------------------------------------------------------------------
 
-    def _learn(self, masked: str, words: list[str]) -> _Template:
-        generic = [w.translate(_GENERIC) for w in words]
-        kinds = [_kind(w) for w in words]
+    def _mask(self, line: str) -> list[str]:
+        cache = self._by_word
+        words = []
+        for word in line.split():
+            masked = cache.get(word)
+            if masked is None:
+                masked = mask_word(word)
+                if len(cache) >= self.config.cache_entries:
+                    cache.clear()
+                cache[word] = masked
+            words.append(masked)
+        return words
+
+    def _learn(self, line: str, words: list[str]) -> _Template:
+        shapes = [_shape(w) for w in words]
+        generic = [g for g, _ in shapes]
+        kinds = [k for _, k in shapes]
         best, _ = self._best(words, generic, kinds)
         if best is None:
-            _, seps = split_words(masked)
+            _, seps = split_words(line)
             return self._create(words, seps)
         if best.key != " ".join(words):
             self._unindex(best)
@@ -263,8 +285,8 @@ class TemplateMiner:
         if exact is not None:
             return exact, 1.0
         if generic is None or kinds is None:
-            generic = [w.translate(_GENERIC) for w in words]
-            kinds = [_kind(w) for w in words]
+            generic = [_shape(w)[0] for w in words]
+            kinds = [_shape(w)[1] for w in words]
         best: _Template | None = None
         best_sim = -1.0
         for t in bucket.values():
@@ -297,10 +319,12 @@ class TemplateMiner:
             self._fold(keep=t, gone=twin)
         bucket[t.key] = t
         text = sum(kind in (CONST, WORD) for kind in t.kinds)
+        if text <= self.config.sibling_context or len(t.words) > _MAX_SIBLING_WORDS:
+            return t
         for i, kind in enumerate(t.kinds):
-            if kind != WORD or text < 1 + self.config.sibling_context:
+            if kind != WORD:
                 continue
-            hole = (i, *t.words[:i], *t.words[i + 1 :])
+            hole = hash((i, *t.words[:i], *t.words[i + 1 :]))
             group = self._holes.setdefault(hole, {})
             group[t.id] = t
             t.holes.append(hole)
@@ -359,7 +383,7 @@ class TemplateMiner:
             t = self._templates.get(self._alias[tid])
         return t
 
-    def _cached(self, cache: dict[str, int], key: str) -> _Template | None:
+    def _cached(self, cache: dict[Any, int], key: object) -> _Template | None:
         tid = cache.get(key)
         if tid is None:
             return None
@@ -368,7 +392,7 @@ class TemplateMiner:
             del cache[key]
         return t
 
-    def _remember(self, cache: dict[str, int], key: str, tid: int) -> None:
+    def _remember(self, cache: dict[Any, int], key: object, tid: int) -> None:
         if len(cache) >= self.config.cache_entries:
             cache.clear()
         cache[key] = tid
