@@ -5,9 +5,10 @@ starts or ends, so `step:396/20344` becomes `step:`, `396`, `/`, `20344` and mas
 `step:<int>/<int>`; whitespace runs are tokens too, so `"".join(tokenize(line)) == line` and a
 masked line reads like the line it came from.
 
-The patterns decide from character classes only: which digit a position holds never matters,
-except a 0 before `x`. Two lines that differ only in digits 1-9 therefore mask the same; the
-miner relies on this to look a line up by its `skeleton` before it masks anything.
+The patterns decide from character classes only: neither which digit a position holds nor how
+long a run of digits is ever matters, except a lone 0 before `x`. Two lines that differ only
+there mask the same; the miner relies on this to look a line up by its `skeleton` before it
+masks anything.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ _SCRUB = str.maketrans(
 )
 _RENDER = str.maketrans({c: f"<{slot.value}>" for slot, c in SENTINEL.items()})
 _INT = SENTINEL[Slot.INT]
-_SKELETON = bytes.maketrans(b"123456789", b"111111111")
+_SKELETON = bytes.maketrans(b"0123456789", b"1111111111")
 
 
 def slot_of_group(group: str | None) -> Slot:
@@ -131,12 +132,19 @@ def _sentinel(m: re.Match[str]) -> str:
 
 
 def skeleton(line: str) -> bytes:
-    """The line's UTF-8 with digits 1-9 written as 1: lines with equal skeletons mask the same.
+    """The line's UTF-8 with each run of digits written as one 1: equal skeletons mask the same.
 
-    A 0 stays, since a `0x` prefix decides a hex slot; no pattern depends on which digit it sees
-    otherwise. Bytes, because `bytes.translate` is several times faster than `str.translate`.
+    A 0 before `x` is kept apart (as a byte UTF-8 never uses), since a lone 0 there opens a hex
+    slot; no other pattern depends on which digits a run holds or how long it is. Bytes, because
+    `bytes.translate` and `bytes.replace` are many times faster than a regex pass.
     """
-    return line.encode("utf-8", "surrogatepass").translate(_SKELETON)
+    raw = line.encode("utf-8", "surrogatepass")
+    if b"0x" in raw or b"0X" in raw:
+        raw = raw.replace(b"0x", b"\xffx").replace(b"0X", b"\xffX")
+    raw = raw.translate(_SKELETON)
+    while b"11" in raw:
+        raw = raw.replace(b"11", b"1")
+    return raw
 
 
 def render_masked(text: str) -> str:
