@@ -38,6 +38,8 @@ CONST, VAR, WILD, WORD = 0, 1, 2, 3
 """Word kinds: text that names the event; slots and punctuation only; a position merged to `<*>`;
 a plain word (letters with surrounding punctuation), which only `siblings` lines can widen."""
 _PUNCT = "()[]{}\"'<>,.;:!?"
+_UNITS = frozenset(("B", "KB", "MB", "GB", "TB", "PB", "KiB", "MiB", "GiB", "TiB", "PiB"))
+"""A size unit after a number varies with it (`3.2 KB`, `1.1 MB`): a slot, not text."""
 
 STATE_VERSION = 1
 _MAX_SIBLING_WORDS = 64
@@ -70,6 +72,8 @@ def _shape(word: str) -> tuple[str, int]:
 
 
 def _kind(word: str) -> int:
+    if word.strip(_PUNCT) in _UNITS:
+        return VAR
     if not any(c in _SENTINELS for c in word):
         return WORD if word.strip(_PUNCT).isalpha() else CONST
     if word == _ANY:
@@ -114,7 +118,7 @@ class _Template:
         self.last_seen = line_no
         self.samples: list[str] = []
         self.absorbed: list[int] = []
-        self.holes: list[int] = []
+        self.holes: list[tuple[int, int]] = []
 
     def set_wild(self, i: int) -> None:
         self.words[i] = _ANY
@@ -157,7 +161,8 @@ class _Template:
 
 
 def _similarity(t: _Template, generic: list[str], kinds: list[int]) -> float:
-    match = total = 0
+    match = 0
+    total = 0.0
     for a, k, b, lk in zip(t.generic, t.kinds, generic, kinds, strict=True):
         if k == WILD:
             continue
@@ -169,6 +174,8 @@ def _similarity(t: _Template, generic: list[str], kinds: list[int]) -> float:
             return -1.0
         elif k != VAR or lk != VAR:
             total += 1
+    if match == 0 and total:
+        return 0.0
     return match / total if total else 1.0
 
 
@@ -187,6 +194,10 @@ class TemplateMiner:
         self._by_skeleton: dict[bytes, int] = {}
         self._by_masked: dict[str, int] = {}
         self._by_word: dict[str, str] = {}
+        self._variable_words: set[str] = set()
+        self._value_holes: dict[str, dict[int, int]] = {}
+        """Plain word -> the sibling groups it is a value in -> its position there."""
+        """Plain words seen as the values of a collapsed sibling group: names, not event words."""
         self._next_id = 1
         self._lines = 0
 
@@ -327,10 +338,18 @@ class TemplateMiner:
             hole = hash((i, *t.words[:i], *t.words[i + 1 :]))
             group = self._holes.setdefault(hole, {})
             group[t.id] = t
-            t.holes.append(hole)
-            if len(group) >= self.config.sibling_values:
+            t.holes.append((hole, i))
+            self._value_holes.setdefault(t.words[i], {})[hole] = i
+            if self._variable_at(group, i):
                 return self._collapse(list(group.values()), i)
         return t
+
+    def _variable_at(self, group: dict[int, _Template], i: int) -> bool:
+        """Enough siblings differ at `i`, or several of their words there are known names."""
+        if len(group) >= self.config.sibling_values:
+            return True
+        known = self._variable_words
+        return len(group) >= 2 and sum(m.words[i] in known for m in group.values()) >= 2
 
     def _unindex(self, t: _Template) -> None:
         bucket = self._buckets[len(t.words)]
@@ -338,22 +357,37 @@ class TemplateMiner:
             del bucket[t.key]
             if not bucket:
                 del self._buckets[len(t.words)]
-        for hole in t.holes:
+        for hole, i in t.holes:
             group = self._holes[hole]
             del group[t.id]
             if not group:
                 del self._holes[hole]
+            holes = self._value_holes[t.words[i]]
+            del holes[hole]
+            if not holes:
+                del self._value_holes[t.words[i]]
         t.holes.clear()
 
     def _collapse(self, siblings: list[_Template], position: int) -> _Template:
         """Templates equal but for one plain word: that word is a variable after all."""
         keep = min(siblings, key=lambda t: t.id)
+        values = [t.words[position] for t in siblings]
+        if len(self._variable_words) + len(values) > self.config.cache_entries:
+            self._variable_words.clear()
+        self._variable_words.update(values)
         for t in siblings:
             self._unindex(t)
             if t is not keep:
                 self._fold(keep=keep, gone=t)
         keep.set_wild(position)
-        return self._index(keep)
+        self._index(keep)
+        # Other groups whose words here are these very names: variables there too.
+        for value in values:
+            for hole, i in list(self._value_holes.get(value, {}).items()):
+                group = self._holes.get(hole)
+                if group is not None and self._variable_at(group, i):
+                    self._collapse(list(group.values()), i)
+        return self._resolve(keep.id) or keep
 
     def _fold(self, keep: _Template, gone: _Template) -> None:
         """Count `gone` (unindexed) into `keep`; `gone`'s id now resolves to `keep`."""
