@@ -58,6 +58,7 @@ VARIABLE = re.compile(
 
 _SLOT_OF_GROUP = {g: slot for g, (slot, _) in zip(_GROUPS, _PATTERNS, strict=True)}
 _WHITESPACE = re.compile(r"\s+")
+_WORD = re.compile(r"(?:[^\s\[]|\[[^\[\]\n]{0,200}\]|\[)+")
 _SPLIT = re.compile(rf"(\s+|{VARIABLE.pattern})")
 
 SENTINEL: dict[Slot, str] = {slot: chr(0xE000 + i) for i, slot in enumerate(Slot)}
@@ -152,16 +153,25 @@ def render_masked(text: str) -> str:
     return text.translate(_RENDER)
 
 
+def words(line: str) -> list[str]:
+    """The line's words: runs of non-space, where a short `[...]` may hold spaces.
+
+    A bracketed header field (`[AsyncDispatcher event handler]`, `[req-... - - -]`) is one
+    value however many words it has, so it does not change the word count of its event.
+    """
+    if "[" not in line:
+        return line.split()
+    return _WORD.findall(line)
+
+
 def split_words(line: str) -> tuple[list[str], list[str]]:
-    """Words and the whitespace around them: `seps[i]` precedes `words[i]`, one more at the end."""
-    parts = _WHITESPACE.split(line)
-    seps = _WHITESPACE.findall(line)
-    if parts and parts[0] == "":
-        parts = parts[1:]
-    else:
-        seps.insert(0, "")
-    if parts and parts[-1] == "":
-        parts.pop()
-    else:
-        seps.append("")
-    return parts, seps
+    """`words(line)` and the whitespace around them: `seps[i]` precedes `words[i]`."""
+    found: list[str] = []
+    seps: list[str] = []
+    pos = 0
+    for m in _WORD.finditer(line):
+        seps.append(line[pos : m.start()])
+        found.append(m.group())
+        pos = m.end()
+    seps.append(line[pos:])
+    return found, seps

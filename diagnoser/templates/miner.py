@@ -28,6 +28,9 @@ from diagnoser.templates.masking import (
     skeleton,
     split_words,
 )
+from diagnoser.templates.masking import (
+    words as words_of,
+)
 from diagnoser.templates.model import Slot, TemplateView
 
 _ANY = SENTINEL[Slot.ANY]
@@ -259,7 +262,7 @@ class TemplateMiner:
     def _mask(self, line: str) -> list[str]:
         cache = self._by_word
         words = []
-        for word in line.split():
+        for word in words_of(line):
             masked = cache.get(word)
             if masked is None:
                 masked = mask_word(word)

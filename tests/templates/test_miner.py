@@ -59,6 +59,17 @@ def test_variable_words_glued_to_text_merge_by_similarity() -> None:
     assert view.text == "Connected to worker <*> over the fabric link <int>"
 
 
+def test_a_bracketed_header_field_is_one_value_however_many_words() -> None:
+    miner = TemplateMiner()
+    head = "2015-10-18 18:01:47,978 INFO"
+    a = miner.add(f"{head} [AsyncDispatcher event handler] RackResolver: Resolved h1 to /rack")
+    b = miner.add(f"{head} [RMCommunicator Allocator] RackResolver: Resolved h2 to /rack")
+    assert miner.get(a) == miner.get(b)
+    view = miner.get(a)
+    assert view is not None
+    assert view.text.endswith(" INFO <*> RackResolver: Resolved <*> to /rack")
+
+
 def test_match_learns_nothing() -> None:
     miner = TemplateMiner()
     tid = miner.add(megatron(1, 2.0))
