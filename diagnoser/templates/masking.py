@@ -7,8 +7,8 @@ masked line reads like the line it came from.
 
 The patterns decide from character classes only: neither which digit a position holds nor how
 long a run of digits is ever matters, except a lone 0 before `x`. Two lines that differ only
-there mask the same; the miner relies on this to look a line up by its `skeleton` before it
-masks anything.
+there mask the same; the miner relies on this to look a line up by its `skeleton` (then its
+`coarse_skeleton`) before it masks anything.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ VARIABLE = re.compile(
 
 _SLOT_OF_GROUP = {g: slot for g, (slot, _) in zip(_GROUPS, _PATTERNS, strict=True)}
 _WHITESPACE = re.compile(r"\s+")
-_WORD = re.compile(r"(?:[^\s\[]|\[[^\[\]\n]{0,200}\]|\[)+")
+_WORD = re.compile(r"(?:[^\s\[]+|\[[^\[\]\n]{0,200}\]|\[)+")
 _SPLIT = re.compile(rf"(\s+|{VARIABLE.pattern})")
 
 SENTINEL: dict[Slot, str] = {slot: chr(0xE000 + i) for i, slot in enumerate(Slot)}
@@ -71,7 +71,8 @@ _SCRUB = str.maketrans(
 )
 _RENDER = str.maketrans({c: f"<{slot.value}>" for slot, c in SENTINEL.items()})
 _INT = SENTINEL[Slot.INT]
-_SKELETON = bytes.maketrans(b"0123456789", b"1111111111")
+_SKELETON = bytes.maketrans(b"123456789", b"111111111")
+_ZERO = bytes.maketrans(b"0", b"1")
 
 
 def slot_of_group(group: str | None) -> Slot:
@@ -133,16 +134,21 @@ def _sentinel(m: re.Match[str]) -> str:
 
 
 def skeleton(line: str) -> bytes:
-    """The line's UTF-8 with each run of digits written as one 1: equal skeletons mask the same.
+    """The line's UTF-8 with digits 1-9 written as 1: lines with equal skeletons mask the same.
 
-    A 0 before `x` is kept apart (as a byte UTF-8 never uses), since a lone 0 there opens a hex
-    slot; no other pattern depends on which digits a run holds or how long it is. Bytes, because
-    `bytes.translate` and `bytes.replace` are many times faster than a regex pass.
+    0 stays, since a lone 0 before `x` opens a hex slot; no other pattern depends on which digit
+    it sees. Bytes, because `bytes.translate` is ten times faster than `str.translate`.
     """
-    raw = line.encode("utf-8", "surrogatepass")
-    if b"0x" in raw or b"0X" in raw:
-        raw = raw.replace(b"0x", b"\xffx").replace(b"0X", b"\xffX")
-    raw = raw.translate(_SKELETON)
+    return line.encode("utf-8", "surrogatepass").translate(_SKELETON)
+
+
+def coarse_skeleton(fine: bytes) -> bytes:
+    """A `skeleton` with each run of digits written as one 1: still masks the same, and more
+    lines share it, since no pattern counts digits either. A 0 before `x` is kept apart (as a
+    byte UTF-8 never uses). `bytes.replace` passes, many times faster than a regex."""
+    if b"0x" in fine or b"0X" in fine:
+        fine = fine.replace(b"0x", b"\xffx").replace(b"0X", b"\xffX")
+    raw = fine.translate(_ZERO).replace(b"111", b"1").replace(b"11", b"1")
     while b"11" in raw:
         raw = raw.replace(b"11", b"1")
     return raw

@@ -23,6 +23,7 @@ from typing import Any
 from diagnoser.templates.masking import (
     SENTINEL,
     SLOT_OF_SENTINEL,
+    coarse_skeleton,
     mask_word,
     render_masked,
     skeleton,
@@ -34,6 +35,8 @@ from diagnoser.templates.masking import (
 from diagnoser.templates.model import Slot, TemplateView
 
 _ANY = SENTINEL[Slot.ANY]
+_FINE = bytes.maketrans(b"123456789", b"111111111")
+"""`masking.skeleton`, inlined in `add`."""
 _SENTINELS = frozenset(SENTINEL.values())
 _GENERIC = str.maketrans(dict.fromkeys(SENTINEL.values(), _ANY))
 
@@ -195,6 +198,7 @@ class TemplateMiner:
         self._holes: dict[int, dict[int, _Template]] = {}
         """hash(position, the other words) -> templates equal but for a plain word there."""
         self._by_skeleton: dict[bytes, int] = {}
+        self._by_coarse: dict[bytes, int] = {}
         self._by_masked: dict[str, int] = {}
         self._by_word: dict[str, str] = {}
         self._variable_words: set[str] = set()
@@ -209,17 +213,13 @@ class TemplateMiner:
     def add(self, line: str) -> int:
         """Group one line, learning from it; returns its template's id."""
         self._lines += 1
-        line = line[: self.config.max_line_chars]
-        skel = skeleton(line)
-        t = self._cached(self._by_skeleton, skel)
+        if len(line) > self.config.max_line_chars:
+            line = line[: self.config.max_line_chars]
+        fine = line.encode("utf-8", "surrogatepass").translate(_FINE)
+        tid = self._by_skeleton.get(fine)
+        t = None if tid is None else self._templates.get(tid)
         if t is None:
-            words = self._mask(line)
-            mkey = " ".join(words)
-            t = self._cached(self._by_masked, mkey)
-            if t is None:
-                t = self._learn(line, words)
-                self._remember(self._by_masked, mkey, t.id)
-            self._remember(self._by_skeleton, skel, t.id)
+            t = self._slow(line, fine)
         t.count += 1
         t.last_seen = self._lines
         if len(t.samples) < self.config.max_samples:
@@ -227,10 +227,28 @@ class TemplateMiner:
         self._templates.move_to_end(t.id)
         return t.id
 
+    def _slow(self, line: str, fine: bytes) -> _Template:
+        """`add` for a line whose skeleton is not cached (or points at a merged template)."""
+        coarse = coarse_skeleton(fine)
+        t = self._cached(self._by_coarse, coarse)
+        if t is None:
+            words = self._mask(line)
+            mkey = " ".join(words)
+            t = self._cached(self._by_masked, mkey)
+            if t is None:
+                t = self._learn(line, words)
+                self._remember(self._by_masked, mkey, t.id)
+            self._remember(self._by_coarse, coarse, t.id)
+        self._remember(self._by_skeleton, fine, t.id)
+        return t
+
     def match(self, line: str) -> int | None:
         """The id of the template `line` would join, without learning anything from it."""
         line = line[: self.config.max_line_chars]
-        t = self._cached(self._by_skeleton, skeleton(line))
+        fine = skeleton(line)
+        t = self._cached(self._by_skeleton, fine) or self._cached(
+            self._by_coarse, coarse_skeleton(fine)
+        )
         if t is not None:
             return t.id
         words = self._mask(line)
