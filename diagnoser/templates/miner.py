@@ -8,9 +8,9 @@ headers of raw lines do not glue different events together. The best template at
 the slot types differ, the slot widens to `<*>`). Two templates that end up identical merge; the
 younger id then resolves to the older one through `get`.
 
-Two caches keep the common case to one regex pass and a dict lookup: the line's digit skeleton,
-then its masked words. Both are bounded, and so is the number of templates: past
-`max_templates` the least recently seen template is evicted.
+Caches keep the common case to one `bytes.translate` and a dict lookup: the line's digit
+skeleton, then a coarser one, then its masked words. All are bounded, and so is the number of
+templates: past `max_templates` the least recently seen template is evicted.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ _UNITS = frozenset(("B", "KB", "MB", "GB", "TB", "PB", "KiB", "MiB", "GiB", "TiB
 """A size unit after a number varies with it (`3.2 KB`, `1.1 MB`): a slot, not text."""
 
 STATE_VERSION = 1
+_MAX_ALIASES = 1000
+"""Per template: how many ids merged into it keep resolving to it."""
 _MAX_SIBLING_WORDS = 64
 """Longer templates skip the sibling index, whose cost grows with the square of the length."""
 
@@ -69,6 +71,16 @@ class MinerConfig:
     """...and only when the other words hold at least this many text words."""
     cache_entries: int = 50_000
     """Per cache; a full cache is dropped and refilled, which bounds memory."""
+
+    def __post_init__(self) -> None:
+        if min(self.max_templates, self.max_samples, self.max_line_chars, self.cache_entries) < 1:
+            raise ValueError(
+                "max_templates, max_samples, max_line_chars, cache_entries must be >= 1"
+            )
+        if not 0.0 < self.similarity <= 1.0:
+            raise ValueError("similarity must be in (0, 1]")
+        if self.sibling_values < 2 or self.sibling_context < 0:
+            raise ValueError("sibling_values must be >= 2 and sibling_context >= 0")
 
 
 @lru_cache(maxsize=1 << 16)
@@ -202,9 +214,9 @@ class TemplateMiner:
         self._by_masked: dict[str, int] = {}
         self._by_word: dict[str, str] = {}
         self._variable_words: set[str] = set()
+        """Plain words seen as the values of a collapsed sibling group: names, not event words."""
         self._value_holes: dict[str, dict[int, int]] = {}
         """Plain word -> the sibling groups it is a value in -> its position there."""
-        """Plain words seen as the values of a collapsed sibling group: names, not event words."""
         self._next_id = 1
         self._lines = 0
 
@@ -423,6 +435,11 @@ class TemplateMiner:
         for old in gone.absorbed:
             self._alias[old] = keep.id
         gone.absorbed = []
+        if len(keep.absorbed) > _MAX_ALIASES:
+            # The oldest merged ids stop resolving, so aliases stay bounded too.
+            for old in keep.absorbed[:-_MAX_ALIASES]:
+                self._alias.pop(old, None)
+            del keep.absorbed[:-_MAX_ALIASES]
 
     def _evict(self) -> None:
         _, t = self._templates.popitem(last=False)
@@ -461,6 +478,7 @@ class TemplateMiner:
             "config": asdict(self.config),
             "next_id": self._next_id,
             "lines": self._lines,
+            "variable_words": sorted(self._variable_words),
             "templates": [
                 {
                     "id": t.id,
@@ -485,6 +503,7 @@ class TemplateMiner:
             miner = cls(MinerConfig(**data["config"]))
             miner._next_id = int(data["next_id"])
             miner._lines = int(data["lines"])
+            miner._variable_words = {str(w) for w in data["variable_words"]}
             for raw in data["templates"]:
                 words = [str(w) for w in raw["words"]]
                 t = _Template(int(raw["id"]), words, [str(s) for s in raw["seps"]], 0)
@@ -497,6 +516,6 @@ class TemplateMiner:
                 for old in t.absorbed:
                     miner._alias[old] = t.id
                 miner._index(t)
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed miner state: {exc}") from exc
         return miner

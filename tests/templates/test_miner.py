@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -121,18 +122,34 @@ def test_state_round_trips_through_plain_json() -> None:
 
 @pytest.mark.parametrize(
     "state",
-    [{}, {"version": 99}, {"version": 1, "config": {"nope": 1}}, {"version": 1, "config": {}}],
+    [
+        {},
+        {"version": 99},
+        {"version": 1, "config": {"nope": 1}},
+        {"version": 1, "config": {}},
+        {"version": 1, "config": {"max_templates": -1}},
+    ],
 )
 def test_malformed_state_is_rejected(state: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="state"):
         TemplateMiner.from_json(state)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [{"max_templates": 0}, {"similarity": 0.0}, {"similarity": 1.5}, {"sibling_values": 1}],
+)
+def test_a_config_that_cannot_work_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        MinerConfig(**bad)
+
+
 def test_hostile_lines_are_bounded_and_storable() -> None:
     miner = TemplateMiner(MinerConfig(max_line_chars=1000))
     giant = "x " * 500_000
     words = " ".join(f"w{i} a" for i in range(100_000))
-    lines = [giant, words, "nul\x00in the middle", "bad \ud800 surrogate \udfff", "", "   "]
+    brackets = "[" * 50_000 + "a b" + "]" * 50_000
+    lines = [giant, words, brackets, "nul\x00in the middle", "bad \ud800 surrogate \udfff", "", " "]
     for line in lines:
         miner.add(line)
     assert miner.lines == len(lines)
