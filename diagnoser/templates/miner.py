@@ -144,9 +144,9 @@ class _Template:
         self.kinds[i] = WILD
         self.key = " ".join(self.words)
 
-    def widen(self, words: list[str], generic: list[str]) -> bool:
-        """Generalise where `words` differ; True when the template changed."""
-        changed = False
+    def widening(self, words: list[str], generic: list[str]) -> list[tuple[int, str]]:
+        """The (position, new word) changes that make this template cover `words`."""
+        changes = []
         for i, (mine, theirs) in enumerate(zip(self.words, words, strict=True)):
             if mine in (theirs, _ANY):
                 continue
@@ -155,12 +155,14 @@ class _Template:
             else:
                 merged = _ANY
             if merged != mine:
-                self.words[i] = merged
-                self.generic[i], self.kinds[i] = _shape(merged)
-                changed = True
-        if changed:
-            self.key = " ".join(self.words)
-        return changed
+                changes.append((i, merged))
+        return changes
+
+    def widen(self, changes: list[tuple[int, str]]) -> None:
+        for i, merged in changes:
+            self.words[i] = merged
+            self.generic[i], self.kinds[i] = _shape(merged)
+        self.key = " ".join(self.words)
 
     def view(self) -> TemplateView:
         text = "".join(
@@ -310,9 +312,10 @@ class TemplateMiner:
         if best is None:
             _, seps = split_words(line)
             return self._create(words, seps)
-        if best.key != " ".join(words):
+        changes = best.widening(words, generic)
+        if changes:
             self._unindex(best)
-            best.widen(words, generic)
+            best.widen(changes)
             best = self._index(best)
         return best
 
