@@ -70,3 +70,14 @@ def test_mean_grouping_accuracy_over_all_sixteen_datasets(loghub_dir: Path) -> N
 def test_corrected_ground_truth_is_used_where_loghub_2_ships_it(loghub_dir: Path) -> None:
     corrected = {n for n in LOGHUB_DATASETS if load_loghub(loghub_dir, n).corrected}
     assert corrected == set(LOGHUB_DATASETS) - {"Android", "Windows"}
+
+
+@pytest.mark.parametrize("name", ["HDFS", "OpenStack", "Mac"])
+def test_match_names_the_group_each_line_ended_in(loghub_dir: Path, name: str) -> None:
+    sample = load_loghub(loghub_dir, name)
+    miner = TemplateMiner()
+    ids = [miner.add(line) for line in sample.raw]
+    for line, tid in zip(sample.raw, ids, strict=True):
+        view = miner.get(tid)
+        assert view is not None
+        assert miner.match(line) == view.id
