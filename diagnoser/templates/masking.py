@@ -34,7 +34,7 @@ _PATTERNS: tuple[tuple[Slot, str], ...] = (
     (
         Slot.ANY,
         r"(?<![A-Za-z])(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
-        r"|Mon|Tue|Wed|Thu|Fri|Sat|Sun)(?![A-Za-z])",
+        r"|Mon|Tue|Wed|Thu|Fri|Sat|Sun)(?![A-Za-z0-9])",
     ),
     (Slot.IP, rf"{_START}\d+\.\d+\.\d+\.\d+{_END}(?!\.\d)"),
     (Slot.HEX, rf"{_START}0[xX][{_HEXC}]+{_END}"),
