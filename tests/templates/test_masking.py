@@ -116,3 +116,9 @@ def test_lines_with_the_same_coarse_skeleton_mask_the_same(line: str, rnd: rando
     other = _renumber(line, rnd)
     if coarse_skeleton(skeleton(other)) == coarse_skeleton(skeleton(line)):
         assert [mask_word(w) for w in other.split()] == [mask_word(w) for w in line.split()]
+
+
+@given(_pieces)
+def test_no_digit_survives_masking(line: str) -> None:
+    for word in line.split():
+        assert not any(c.isdigit() for c in mask_word(word)), word
