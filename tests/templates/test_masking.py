@@ -1,0 +1,124 @@
+"""Generic masking: typed slots for the variable parts of any log line, separators kept."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from diagnoser.templates.masking import (
+    SENTINEL,
+    coarse_skeleton,
+    mask,
+    mask_word,
+    render,
+    render_masked,
+    skeleton,
+    tokenize,
+)
+from diagnoser.templates.model import Slot
+
+
+def masked(line: str) -> str:
+    return render(mask(tokenize(line)))
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("step:396/20344 s:4979 trl:3.57", "step:<int>/<int> s:<int> trl:<float>"),
+        (
+            " iteration      100/  500000 | lm loss: 3.456789E+00 | grad norm: 0.123 |",
+            " iteration      <int>/  <int> | lm loss: <float> | grad norm: <float> |",
+        ),
+        ("{'loss': 2.4871, 'epoch': 0.02}", "{'loss': <float>, 'epoch': <float>}"),
+        ("connect to 10.0.0.12:29500 failed", "connect to <ip>:<int> failed"),
+        ("addr=0x7f3a2c00 code -1", "addr=<hex> code <int>"),
+        ("blk_-6952295868487656571 blk_38865049064139660", "blk_<int> blk_<int>"),
+        (
+            "req-38101a0b-2096-447d-96ea-a692162415ae done",
+            "req-<uuid> done",
+        ),
+        ("open /data/shards/part-00017.bin", "open <path>"),
+        ("took 12ms then 3.5s", "took <duration> then <duration>"),
+        ("node dn228 rank7 at a64f992", "node <*> <*> at <hex>"),
+        ("[Sun Dec 04 04:47:44 2005] [notice]", "[<*> <*> <int> <int>:<int>:<int> <int>] [notice]"),
+        ("no variables here", "no variables here"),
+        ("HTTP/1.1 200", "HTTP/<float> <int>"),
+        ("Jan1 Jan22 Sun", "<*> <*> <*>"),
+    ],
+)
+def test_variable_parts_become_typed_slots(line: str, expected: str) -> None:
+    assert masked(line) == expected
+
+
+def test_tokens_split_where_a_variable_starts_and_ends() -> None:
+    assert tokenize("step:396/20344  ok") == ["step:", "396", "/", "20344", "  ", "ok"]
+    assert mask(["step:", "396", "/", "20344", "  ", "ok"]) == [
+        "step:",
+        Slot.INT,
+        "/",
+        Slot.INT,
+        "  ",
+        "ok",
+    ]
+
+
+def test_sentinel_characters_in_a_line_never_read_as_slots() -> None:
+    word = f"x{SENTINEL[Slot.INT]}y"
+    assert SENTINEL[Slot.INT] not in mask_word(word)
+    assert "\x00" not in mask_word("a\x00b")
+    assert "\ud800" not in mask_word("a\ud800b")
+
+
+_text = st.text(
+    alphabet=st.sampled_from(list("ab fx0123456789.:-_/=[]()\"'\tZ\u00e9")), max_size=60
+)
+
+
+@given(_text)
+def test_tokenize_is_lossless(line: str) -> None:
+    assert "".join(tokenize(line)) == line
+
+
+@given(_text)
+def test_word_by_word_masking_matches_masking_the_line(line: str) -> None:
+    by_words = [render_masked(mask_word(w)) for w in line.split()]
+    assert masked(line).split() == by_words
+
+
+@given(_text, st.randoms(use_true_random=False))
+def test_lines_with_the_same_skeleton_mask_the_same(line: str, rnd: random.Random) -> None:
+    other = "".join(rnd.choice("123456789") if c in "123456789" else c for c in line)
+    assert skeleton(other) == skeleton(line)
+    assert [mask_word(w) for w in other.split()] == [mask_word(w) for w in line.split()]
+
+
+_PIECES = (
+    *("Jan", "Mon", "0x", "0X", "x", "a", "f", "F", "Z", "-", ".", ":", "/", "_", "[", "]"),
+    *("1", "23", "0", "00", "e", "E", "+", "ms", "s", "=", "'", "\u00e9", " "),
+)
+_pieces = st.lists(
+    st.sampled_from(_PIECES),
+    max_size=24,
+).map("".join)
+
+
+def _renumber(line: str, rnd: random.Random) -> str:
+    return re.sub(r"[0-9]+", lambda m: str(rnd.randrange(1, 10 ** rnd.randint(1, 5))), line)
+
+
+@given(_pieces, st.randoms(use_true_random=False))
+def test_lines_with_the_same_coarse_skeleton_mask_the_same(line: str, rnd: random.Random) -> None:
+    other = _renumber(line, rnd)
+    if coarse_skeleton(skeleton(other)) == coarse_skeleton(skeleton(line)):
+        assert [mask_word(w) for w in other.split()] == [mask_word(w) for w in line.split()]
+
+
+@given(_pieces)
+def test_no_digit_survives_masking(line: str) -> None:
+    for word in line.split():
+        assert not any(c.isdigit() for c in mask_word(word)), word
