@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import anyio
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from redis.asyncio import Redis
 
 from diagnoser import __version__
@@ -127,22 +128,27 @@ def create_app(settings: Settings) -> FastAPI:
             hub=hub,
             flow=flow,
         )
+        stop_watching = anyio.Event()
         try:
             async with anyio.create_task_group() as background:
                 if settings.rules_watch:
-                    background.start_soon(reloader.watch)
+                    background.start_soon(reloader.watch, stop_watching)
                 background.start_soon(
                     flow.watch_stalls, settings.hang.timeout_s, settings.hang.check_interval_s
                 )
-                yield
-                background.cancel_scope.cancel()
+                try:
+                    yield
+                finally:
+                    stop_watching.set()
+                    background.cancel_scope.cancel()
         finally:
             if redis is not None:
                 await redis.aclose()
             metrics.registry.unregister(collector)
             await sessions.close()
 
-    app = FastAPI(
+    # /docs and /redoc with their scripts served by this process: offline clusters see them too.
+    app = FastAPIOffline(
         title="diagnoser",
         version=__version__,
         summary="Log diagnosis for GPU training clusters: ingest, rules, LLM, recovery actions.",
