@@ -84,7 +84,9 @@ schema = _api_schema()
 
 
 @schema.parametrize()
-def test_every_operation_answers_as_its_schema_says(case: Case, service: ServiceProcess) -> None:
+def test_every_operation_answers_as_its_schema_says(
+    case: Case[Any], service: ServiceProcess
+) -> None:
     case.call_and_validate(base_url=service.base_url)
 
 
