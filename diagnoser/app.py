@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from redis.asyncio import Redis
+from uvicorn.config import LOGGING_CONFIG
 
 from diagnoser import __version__
 from diagnoser.api import diagnoses, errors, health, jobs, logs, nodes, rules
@@ -68,6 +71,20 @@ class _Counts:
     @property
     def jobs_tracked(self) -> int:
         return len(self.stage.jobs)
+
+
+def log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging, with the service's own loggers (`diagnoser.*`) on the same handler.
+
+    Without it their records (rule reloads, a rejected pack) reach no handler at all.
+    """
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["diagnoser"] = {
+        "handlers": ["default"],
+        "level": level.upper(),
+        "propagate": False,
+    }
+    return config
 
 
 def create_app(settings: Settings) -> FastAPI:
