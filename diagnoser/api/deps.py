@@ -47,8 +47,8 @@ def get_resources(request: Request) -> Resources:
 ResourcesDep = Annotated[Resources, Depends(get_resources)]
 JobId = Annotated[str, Path(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
 NodePath = Annotated[str, Path(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
-DiagnosisId = Annotated[str, Path(min_length=1, max_length=36, pattern=r"^[0-9A-Fa-f-]+$")]
-"""A UUID (diagnosis ids are generated, never chosen by clients)."""
+DiagnosisId = Annotated[str, Path(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
+"""A UUID when it names a diagnosis; any other id is checked like a job id, then not found."""
 NameFilter = Annotated[
     str | None, Query(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)
 ]

@@ -64,6 +64,16 @@ DateTimeText = Annotated[datetime, BeforeValidator(_date_time_text), AfterValida
 """A time given as RFC 3339 text; one without a zone is UTC."""
 
 
+def _as_seconds(value: float) -> float:
+    return value / 1000 if value >= MILLISECONDS_FROM else value
+
+
+MILLISECONDS_FROM = 2e10
+"""Epoch numbers from here on are milliseconds (2e10 s is the year 2603), as pydantic reads them."""
+EpochTime = Annotated[float, Field(ge=0, lt=1e14, strict=True), AfterValidator(_as_seconds)]
+"""Seconds, or milliseconds, since the epoch; always seconds once validated."""
+
+
 class IngestResult(BaseModel):
     job_id: str
     stream: str
@@ -120,8 +130,8 @@ class JobEventIn(BaseModel):
         | None
     ) = None
     """A name (`SIGKILL`, `kill`) or a number (9)."""
-    ts: DateTimeText | Annotated[float, Field(ge=0, lt=1e11, strict=True)] | None = None
-    """RFC 3339 or epoch seconds (not milliseconds); when the launcher saw it happen."""
+    ts: DateTimeText | EpochTime | None = None
+    """RFC 3339, or epoch seconds or milliseconds; when the launcher saw it happen."""
 
 
 class JobEventOut(BaseModel):
