@@ -110,7 +110,7 @@ def test_the_docs_pages_load_only_assets_served_here(service: ServiceProcess, pa
     """An offline cluster has no CDN: every script, style and icon comes from the service."""
     html = httpx.get(f"{service.base_url}{page}")
     assert html.status_code == 200
-    references = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", html.text)
+    references = re.findall(r"""(?:src|href|spec-url)\s*=\s*["']([^"']+)["']""", html.text)
     references += re.findall(r"""(?:url|spec-url)\s*:\s*["']([^"']+)["']""", html.text)
     assert any(ref.endswith(".js") for ref in references), references
     for reference in references:
