@@ -103,9 +103,9 @@ class JobMetadata(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     family: Name | None = None
-    framework: Name | None = None
+    framework: Annotated[Name, Field(max_length=64)] | None = None
     namespace: Name | None = None
-    kind: Name | None = None
+    kind: Annotated[Name, Field(max_length=64)] | None = None
     name: Name | None = None
 
 
