@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+from uvicorn.config import LOGGING_CONFIG
 
 from diagnoser import __version__
 from diagnoser.api import diagnoses, errors, health, jobs, logs, nodes, rules
@@ -27,7 +32,12 @@ from diagnoser.observability import LlmCollector, Metrics, MetricsMiddleware, Pi
 from diagnoser.pipeline import LineCounter, Pipeline
 from diagnoser.reload import RuleReloader
 from diagnoser.rules import Action, RuleRegistry
-from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
+from diagnoser.store.database import (
+    DatabaseUrl,
+    Sessions,
+    create_service_engine,
+    parse_database_url,
+)
 from diagnoser.store.migrate import head_revision, upgrade
 
 
@@ -73,6 +83,20 @@ class _Counts:
         return len(self.stage.jobs)
 
 
+def log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging, with the service's own loggers (`diagnoser.*`) on the same handler.
+
+    Without it their records (rule reloads, a rejected pack) reach no handler at all.
+    """
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["diagnoser"] = {
+        "handlers": ["default"],
+        "level": level.upper(),
+        "propagate": False,
+    }
+    return config
+
+
 def _llm_stage(
     settings: Settings,
     sessions: Sessions,
@@ -97,6 +121,32 @@ def _llm_stage(
     return client, collector
 
 
+def _connect(
+    settings: Settings, database: DatabaseUrl
+) -> tuple[AsyncEngine, Redis | None, Sessions]:
+    """The database engine and sessions, and Redis when configured (nothing connects yet)."""
+    engine = create_service_engine(
+        database,
+        pool_size=settings.db.pool_size,
+        connect_timeout_s=settings.db.connect_timeout_s,
+        echo=settings.db.echo,
+    )
+    redis = (
+        Redis.from_url(
+            settings.redis.url,
+            socket_timeout=settings.redis.socket_timeout_s,
+            socket_connect_timeout=settings.redis.socket_timeout_s,
+        )
+        if settings.redis.url
+        else None
+    )
+    return (
+        engine,
+        redis,
+        Sessions(engine, database, connect_timeout_s=settings.db.connect_timeout_s),
+    )
+
+
 def create_app(settings: Settings) -> FastAPI:
     database = parse_database_url(settings.database_url)
     metrics = Metrics()
@@ -107,22 +157,7 @@ def create_app(settings: Settings) -> FastAPI:
             # The embedded default owns its file: migrate it here. PostgreSQL is shared by
             # replicas, so there migration is the explicit `diagnoser migrate` step.
             await anyio.to_thread.run_sync(upgrade, database)
-        engine = create_service_engine(
-            database,
-            pool_size=settings.db.pool_size,
-            connect_timeout_s=settings.db.connect_timeout_s,
-            echo=settings.db.echo,
-        )
-        redis = (
-            Redis.from_url(
-                settings.redis.url,
-                socket_timeout=settings.redis.socket_timeout_s,
-                socket_connect_timeout=settings.redis.socket_timeout_s,
-            )
-            if settings.redis.url
-            else None
-        )
-        sessions = Sessions(engine, database, connect_timeout_s=settings.db.connect_timeout_s)
+        engine, redis, sessions = _connect(settings, database)
         registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
         reloader = RuleReloader(registry)
         stage = DiagnosisStage(registry, hang_action=Action(settings.hang.action))
@@ -156,17 +191,21 @@ def create_app(settings: Settings) -> FastAPI:
             hub=hub,
             flow=flow,
         )
+        stop_watching = anyio.Event()
         try:
             async with anyio.create_task_group() as background:
                 if settings.rules_watch:
-                    background.start_soon(reloader.watch)
+                    background.start_soon(reloader.watch, stop_watching)
                 background.start_soon(
                     flow.watch_stalls, settings.hang.timeout_s, settings.hang.check_interval_s
                 )
                 if flow.escalator is not None:
                     background.start_soon(flow.escalator.run)
-                yield
-                background.cancel_scope.cancel()
+                try:
+                    yield
+                finally:
+                    stop_watching.set()
+                    background.cancel_scope.cancel()
         finally:
             if redis is not None:
                 await redis.aclose()
@@ -176,7 +215,8 @@ def create_app(settings: Settings) -> FastAPI:
                 await llm[0].aclose()
             await sessions.close()
 
-    app = FastAPI(
+    # /docs and /redoc with their scripts served by this process: offline clusters see them too.
+    app = FastAPIOffline(
         title="diagnoser",
         version=__version__,
         summary="Log diagnosis for GPU training clusters: ingest, rules, LLM, recovery actions.",
@@ -184,10 +224,6 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     errors.install(app)
-    app.include_router(health.router)
-    app.include_router(logs.router)
-    app.include_router(jobs.router)
-    app.include_router(rules.router)
-    app.include_router(diagnoses.router)
-    app.include_router(nodes.router)
+    for module in (health, logs, jobs, rules, diagnoses, nodes):
+        app.include_router(module.router)
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import signal
 import socket
 import time
 from pathlib import Path
@@ -126,7 +127,7 @@ def serve(
     """
     import uvicorn
 
-    from diagnoser.app import create_app
+    from diagnoser.app import create_app, log_config
 
     settings = build_settings(data_dir, database_url)
     settings = settings.model_copy(
@@ -142,11 +143,15 @@ def serve(
         f"(database {database.redacted()})",
         markup=False,
     )
+    # uvicorn shuts down gracefully on SIGTERM, then raises it again with this handler restored:
+    # a stop that completed is a success (exit 0), not a death by signal (-15).
+    signal.signal(signal.SIGTERM, _stopped)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=log_config(settings.log_level),
         timeout_graceful_shutdown=10,
     )
 
@@ -168,6 +173,10 @@ def migrate(data_dir: DataDirOption = None, database_url: DatabaseUrlOption = No
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise fail(f"cannot reach database {database.redacted()}: {first}") from exc
     err.print(f"database {database.redacted()} is at revision {head_revision()}", markup=False)
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def _load_rules(directory: Path) -> RuleSet:

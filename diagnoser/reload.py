@@ -34,10 +34,17 @@ class RuleReloader:
         self.loaded_at = utcnow()
         log.info("rules reloaded: digest %s", self.registry.digest)
 
-    async def watch(self) -> None:
-        """Reload whenever a file under the rule directory changes (debounced by watchfiles)."""
-        async for _ in awatch(self.registry.directory, debounce=500, recursive=False):
+    async def watch(self, stop: anyio.Event) -> None:
+        """Reload whenever a file under the rule directory changes (debounced by watchfiles).
+
+        Returns soon after `stop` is set. Cancelling alone is not enough: the watch runs in a
+        thread that only looks up every few seconds, and shutdown would wait for it.
+        """
+        async for _ in awatch(
+            self.registry.directory, debounce=500, recursive=False, stop_event=stop
+        ):
             try:
                 await self.reload()
             except RuleLoadError:
                 continue
+        log.info("rule watcher stopped")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Query, Request
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -13,6 +13,7 @@ from diagnoser.config import Settings
 from diagnoser.diagnosis.flow import DiagnosisFlow
 from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.ingest.admission import Admission
+from diagnoser.ingest.schemas import MAX_NAME_LENGTH, NAME_PATTERN, DateTimeText
 from diagnoser.ingest.writer import StreamWriter
 from diagnoser.observability import Metrics
 from diagnoser.pipeline import Pipeline
@@ -44,6 +45,20 @@ def get_resources(request: Request) -> Resources:
 
 
 ResourcesDep = Annotated[Resources, Depends(get_resources)]
-NAME_PATTERN = r"^[A-Za-z0-9][\w.:@-]*$"
-"""Job ids and node names: what Kubernetes and schedulers use, nothing that needs escaping."""
-JobId = Annotated[str, Path(min_length=1, max_length=253, pattern=NAME_PATTERN)]
+JobId = Annotated[str, Path(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
+NodePath = Annotated[str, Path(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
+DiagnosisId = Annotated[str, Path(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
+"""A UUID when it names a diagnosis; any other id is checked like a job id, then not found."""
+NameFilter = Annotated[
+    str | None, Query(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)
+]
+"""An optional job or node filter: the same rule as the ids it matches."""
+SinceQuery = Annotated[DateTimeText | None, Query(description="RFC 3339; no zone means UTC.")]
+CursorQuery = Annotated[
+    str | None,
+    Query(
+        max_length=1024,
+        pattern=r"^([A-Za-z0-9_-]+={0,2})?$",
+        description="`next_cursor` of the previous page; empty or absent for the first.",
+    ),
+]

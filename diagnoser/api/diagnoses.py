@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select, update
 
-from diagnoser.api.deps import JobId, Resources, ResourcesDep
-from diagnoser.api.errors import ApiError
+from diagnoser.api.deps import (
+    CursorQuery,
+    DiagnosisId,
+    JobId,
+    NameFilter,
+    Resources,
+    ResourcesDep,
+    SinceQuery,
+)
+from diagnoser.api.errors import ApiError, responses
 from diagnoser.diagnosis.correlate import Source
 from diagnoser.diagnosis.schemas import (
     DiagnosisPage,
@@ -47,13 +54,13 @@ async def _page(
 @router.get("/diagnoses", response_model=DiagnosisPage)
 async def list_diagnoses(
     resources: ResourcesDep,
-    job: str | None = None,
-    node: str | None = None,
+    job: NameFilter = None,
+    node: NameFilter = None,
     category: Category | None = None,
     status: DiagnosisStatus | None = None,
-    since: datetime | None = None,
+    since: SinceQuery = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
+    cursor: CursorQuery = None,
 ) -> DiagnosisPage:
     """Newest change first. `node` matches diagnoses that name it as a culprit."""
     criteria = DiagnosisFilter(
@@ -71,7 +78,7 @@ async def job_diagnoses(
     job_id: JobId,
     resources: ResourcesDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
+    cursor: CursorQuery = None,
 ) -> DiagnosisPage:
     return await _page(resources, DiagnosisFilter(job_id=job_id), limit, cursor)
 
@@ -113,13 +120,17 @@ async def _get(resources: Resources, diagnosis_id: str) -> DiagnosisRow:
     return row
 
 
-@router.get("/diagnoses/{diagnosis_id}", response_model=DiagnosisView)
-async def get_diagnosis(diagnosis_id: str, resources: ResourcesDep) -> DiagnosisRow:
+@router.get("/diagnoses/{diagnosis_id}", response_model=DiagnosisView, responses=responses(404))
+async def get_diagnosis(diagnosis_id: DiagnosisId, resources: ResourcesDep) -> DiagnosisRow:
     return await _get(resources, diagnosis_id)
 
 
-@router.get("/diagnoses/{diagnosis_id}/feedback", response_model=list[FeedbackView])
-async def list_feedback(diagnosis_id: str, resources: ResourcesDep) -> list[FeedbackRow]:
+@router.get(
+    "/diagnoses/{diagnosis_id}/feedback",
+    response_model=list[FeedbackView],
+    responses=responses(404),
+)
+async def list_feedback(diagnosis_id: DiagnosisId, resources: ResourcesDep) -> list[FeedbackRow]:
     await _get(resources, diagnosis_id)
     async with resources.sessions() as session:
         return list(
@@ -131,19 +142,20 @@ async def list_feedback(diagnosis_id: str, resources: ResourcesDep) -> list[Feed
         )
 
 
-@router.post("/diagnoses/{diagnosis_id}/feedback", response_model=FeedbackView, status_code=201)
+@router.post(
+    "/diagnoses/{diagnosis_id}/feedback",
+    response_model=FeedbackView,
+    status_code=201,
+    responses=responses(400, 404),
+)
 async def post_feedback(
-    diagnosis_id: str, feedback: FeedbackIn, resources: ResourcesDep
+    diagnosis_id: DiagnosisId, feedback: FeedbackIn, resources: ResourcesDep
 ) -> FeedbackRow:
     """Confirm, override (category and/or action), dismiss or resolve; every verdict is kept.
 
     An override makes the diagnosis a human one: later evidence still adds to it but no longer
     changes its category or action. Dismissing or resolving cancels a pending action.
     """
-    if feedback.kind is FeedbackKind.OVERRIDE and not (feedback.category or feedback.action):
-        raise ApiError(422, "invalid_request", "an override names a category or an action")
-    if feedback.kind is not FeedbackKind.OVERRIDE and (feedback.category or feedback.action):
-        raise ApiError(422, "invalid_request", "category and action go with kind=override")
     async with resources.sessions.begin() as session:
         row = await session.get(DiagnosisRow, diagnosis_id)
         if row is None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 STATUS_CODES = {
     400: "bad_request",
@@ -23,6 +26,53 @@ STATUS_CODES = {
     429: "too_many_requests",
     503: "unavailable",
 }
+
+
+DESCRIPTIONS = {
+    400: "The body is not valid JSON (or nested too deeply)",
+    404: "No such resource",
+    408: "The body stopped arriving; what came is committed (`next_offset`)",
+    409: "Conflict with the stored state",
+    413: "The body is over the size limit",
+    415: "Unsupported content type or encoding",
+    422: "Invalid parameters or body; `detail` says which and why",
+    429: "Too busy: retry after `Retry-After` seconds",
+    503: "Not ready",
+}
+
+
+class ErrorBody(BaseModel):
+    """What every error answer carries; some add fields (`expected_offset`, `problems`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    error: str = Field(description="A stable code such as `not_found` or `invalid_request`.")
+    detail: str = Field(description="What went wrong, for people.")
+
+
+def responses(
+    *statuses: int, described: Mapping[int, str] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for a route's error statuses, all with the ErrorBody schema."""
+    described = described or {}
+    return {
+        status: {
+            "model": ErrorBody,
+            "description": described.get(status, DESCRIPTIONS.get(status, "Error")),
+        }
+        for status in statuses
+    }
+
+
+class OffsetGapBody(ErrorBody):
+    expected_offset: int = Field(description="The committed offset: resend from here.")
+
+
+class TimeoutBody(ErrorBody):
+    next_offset: int = Field(description="What was committed before the body stalled.")
+
+
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "integer"}}}
 
 
 class ApiError(Exception):
@@ -51,23 +101,78 @@ def error_response(
     )
 
 
+def _publish_error_schema(app: FastAPI) -> None:
+    """Document the 422 that FastAPI adds to every route with parameters as the body we send.
+
+    FastAPI's default describes its own `{"detail": [...]}`; `_invalid` below answers ErrorBody.
+    """
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.setdefault("ErrorBody", ErrorBody.model_json_schema())
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                answers = operation.get("responses", {})
+                if "422" in answers and "HTTPValidationError" in str(answers["422"]):
+                    answers["422"] = {
+                        "description": DESCRIPTIONS[422],
+                        "content": {
+                            "application/json": {
+                                "schema": {"$ref": "#/components/schemas/ErrorBody"}
+                            }
+                        },
+                    }
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _where(loc: Sequence[object]) -> str:
+    """`body.ts`, without pydantic's names for union members (`function-after[...]`)."""
+    return ".".join(str(part) for part in loc if isinstance(part, int) or str(part).isidentifier())
+
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route takes on this path: Starlette's 405 names only the first route's."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
+        )
+    ]
+
+
 def install(app: FastAPI) -> None:
+    _publish_error_schema(app)
+
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.code, exc.detail, exc.headers, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [
-            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
-            for error in exc.errors()
-        ]
-        return error_response(422, "invalid_request", "; ".join(problems))
+        problems = [f"{_where(error['loc'])}: {error['msg']}" for error in exc.errors()]
+        return error_response(422, "invalid_request", "; ".join(dict.fromkeys(problems)))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = STATUS_CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return error_response(exc.status_code, code, str(exc.detail), headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

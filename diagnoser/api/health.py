@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 from fastapi import APIRouter, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 from sqlalchemy import text
 
 from diagnoser import __version__
@@ -16,10 +18,21 @@ from diagnoser.store.migrate import current_revision
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
+class Liveness(BaseModel):
+    status: Literal["ok"]
+    version: str
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "unavailable"]
+    checks: dict[str, str]
+    """`ok` or the reason, per dependency (`database`, and `redis` when configured)."""
+
+
+@router.get("/healthz", response_model=Liveness)
+async def healthz() -> Liveness:
     """Alive: the process answers. Says nothing about its dependencies."""
-    return {"status": "ok", "version": __version__}
+    return Liveness(status="ok", version=__version__)
 
 
 async def _check_database(resources: Resources) -> str | None:
@@ -51,7 +64,11 @@ async def _check_redis(resources: Resources) -> str | None:
     return None
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "a dependency does not answer"}},
+)
 async def readyz(resources: ResourcesDep) -> JSONResponse:
     """Ready: the database (and Redis, when configured) answer now. 503 with reasons if not."""
     database, redis = await asyncio.gather(_check_database(resources), _check_redis(resources))
@@ -65,6 +82,7 @@ async def readyz(resources: ResourcesDep) -> JSONResponse:
     )
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(resources: ResourcesDep) -> Response:
+    """Prometheus text exposition format."""
     return Response(resources.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy import and_, or_, select
 
-from diagnoser.api.deps import JobId, ResourcesDep
-from diagnoser.api.errors import ApiError
+from diagnoser.api.deps import CursorQuery, JobId, ResourcesDep
+from diagnoser.api.errors import ApiError, responses
 from diagnoser.diagnosis.hang import LifecycleEvent
 from diagnoser.ingest.events import signal_name
 from diagnoser.ingest.records import parse_time
@@ -35,11 +35,11 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 async def list_jobs(
     resources: ResourcesDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
+    cursor: CursorQuery = None,
 ) -> JobPage:
     """Jobs by most recent activity first."""
     query = select(JobRow).order_by(JobRow.last_activity_at.desc(), JobRow.id.desc())
-    if cursor is not None:
+    if cursor:
         try:
             at, job_id = decode_cursor(cursor)
         except CursorError as exc:
@@ -60,7 +60,7 @@ async def list_jobs(
     )
 
 
-@router.get("/{job_id}", response_model=JobDetail, responses={404: {"description": "no such job"}})
+@router.get("/{job_id}", response_model=JobDetail, responses=responses(404))
 async def get_job(job_id: JobId, resources: ResourcesDep) -> JobDetail:
     async with resources.sessions() as session:
         job = await session.get(JobRow, job_id)
@@ -89,7 +89,7 @@ async def get_job(job_id: JobId, resources: ResourcesDep) -> JobDetail:
     )
 
 
-@router.put("/{job_id}", response_model=JobSummary)
+@router.put("/{job_id}", response_model=JobSummary, responses=responses(400))
 async def put_job(job_id: JobId, metadata: JobMetadata, resources: ResourcesDep) -> JobSummary:
     """Create the job or set its metadata (family, framework, Kubernetes namespace/kind/name)."""
     values = metadata.model_dump(exclude_none=True)
@@ -103,7 +103,9 @@ async def put_job(job_id: JobId, metadata: JobMetadata, resources: ResourcesDep)
         return JobSummary.model_validate(job)
 
 
-@router.post("/{job_id}/events", response_model=JobEventOut, status_code=201)
+@router.post(
+    "/{job_id}/events", response_model=JobEventOut, status_code=201, responses=responses(400)
+)
 async def post_event(job_id: JobId, event: JobEventIn, resources: ResourcesDep) -> JobEventRow:
     """Lifecycle: `started`, `heartbeat`, `exited` (exit codes and signals are evidence)."""
     if isinstance(event.ts, datetime):

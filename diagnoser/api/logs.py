@@ -10,8 +10,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from sqlalchemy import select
 
-from diagnoser.api.deps import NAME_PATTERN, JobId, Resources, ResourcesDep
-from diagnoser.api.errors import ApiError
+from diagnoser.api.deps import JobId, Resources, ResourcesDep
+from diagnoser.api.errors import RETRY_AFTER, ApiError, OffsetGapBody, TimeoutBody, responses
 from diagnoser.ingest.records import (
     Record,
     RecordError,
@@ -20,7 +20,17 @@ from diagnoser.ingest.records import (
     parse_fluent_bit,
     parse_ndjson,
 )
-from diagnoser.ingest.schemas import IngestResult, JobMetadata, StreamStatus
+from diagnoser.ingest.schemas import (
+    MAX_NAME_LENGTH,
+    MAX_RANK,
+    MAX_STREAM_LENGTH,
+    NAME_PATTERN,
+    RECORD_SCHEMA,
+    STREAM_PATTERN,
+    IngestResult,
+    JobMetadata,
+    StreamStatus,
+)
 from diagnoser.ingest.streams import JOB_METADATA_FIELDS, default_stream_id
 from diagnoser.ingest.writer import (
     IdleTimeoutError,
@@ -32,9 +42,41 @@ from diagnoser.pipeline import StreamKey
 from diagnoser.store.models import LogStreamRow
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["ingest"])
-NodeQuery = Annotated[str, Query(min_length=1, max_length=253, pattern=NAME_PATTERN)]
-RankQuery = Annotated[int | None, Query(ge=0, le=10_000_000)]
-StreamQuery = Annotated[str | None, Query(min_length=1, max_length=512)]
+NodeQuery = Annotated[str, Query(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
+RankQuery = Annotated[int | None, Query(ge=0, le=MAX_RANK)]
+StreamQuery = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=MAX_STREAM_LENGTH,
+        pattern=STREAM_PATTERN,
+        description="Defaults to `node` or `node/rank`.",
+    ),
+]
+MAX_OFFSET = 2**63 - 1
+LOG_BODIES = {
+    "required": False,
+    "content": {
+        "text/plain": {
+            "schema": {"type": "string", "description": "Raw log bytes (any encoding)."}
+        },
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        "application/x-ndjson": {
+            "schema": {
+                "type": "array",
+                "items": RECORD_SCHEMA,
+                "description": "One JSON record per line (also application/ndjson, jsonl).",
+            }
+        },
+        "application/json": {
+            "schema": {
+                "description": "Fluent Bit's `http` output, `format json`.",
+                "anyOf": [{"type": "array", "items": RECORD_SCHEMA}, RECORD_SCHEMA],
+            }
+        },
+    },
+}
+"""What the upload route reads itself (FastAPI sees no body parameter)."""
 
 RAW_TYPES = {"", "text/plain", "application/octet-stream"}
 NDJSON_TYPES = {"application/x-ndjson", "application/ndjson", "application/jsonl"}
@@ -134,11 +176,12 @@ def _records_as_bytes(records: list[Record], received: float) -> tuple[bytes, Re
     "/logs",
     response_model=IngestResult,
     responses={
-        409: {"description": "offset beyond the committed one; body has `expected_offset`"},
-        413: {"description": "record body over the limit"},
-        415: {"description": "unsupported content type"},
-        429: {"description": "too many requests in flight, or the stream is busy"},
+        **responses(413, 415, 422),
+        408: {"model": TimeoutBody, "description": "the body stopped arriving; rest committed"},
+        409: {"model": OffsetGapBody, "description": "offset beyond the committed one"},
+        429: {**responses(429)[429], "headers": RETRY_AFTER},
     },
+    openapi_extra={"requestBody": LOG_BODIES},
 )
 async def post_logs(
     job_id: JobId,
@@ -147,7 +190,7 @@ async def post_logs(
     node: NodeQuery,
     rank: RankQuery = None,
     stream: StreamQuery = None,
-    offset: Annotated[int | None, Query(ge=0)] = None,
+    offset: Annotated[int | None, Query(ge=0, le=MAX_OFFSET)] = None,
 ) -> IngestResult:
     """Append log bytes to a stream.
 
@@ -269,7 +312,9 @@ async def _write(
 
 
 @router.get(
-    "/logs", response_model=StreamStatus, responses={404: {"description": "no such stream"}}
+    "/logs",
+    response_model=StreamStatus,
+    responses=responses(404, described={404: "no such stream"}),
 )
 async def get_stream(
     job_id: JobId,

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from diagnoser.api.deps import Resources, ResourcesDep
-from diagnoser.api.errors import ApiError
+from diagnoser.api.deps import NodePath, Resources, ResourcesDep
+from diagnoser.api.errors import ApiError, responses
 from diagnoser.diagnosis.schemas import DiagnosisView, NodeDetail, NodeSummary
 from diagnoser.store.diagnoses import ACTIVE, DiagnosisFilter, NodeStats, filtered, node_stats
 from diagnoser.store.models import DiagnosisCulpritRow, DiagnosisRow
@@ -48,9 +48,13 @@ async def list_nodes(resources: ResourcesDep) -> list[NodeSummary]:
     return [_summary(s, cordon, None) for s in stats]
 
 
-@router.get("/{node}", response_model=NodeDetail, responses={404: {"description": "no incidents"}})
+@router.get(
+    "/{node}",
+    response_model=NodeDetail,
+    responses=responses(404, described={404: "never named as a culprit"}),
+)
 async def get_node(
-    node: str, resources: ResourcesDep, limit: Annotated[int, Query(ge=1, le=500)] = 50
+    node: NodePath, resources: ResourcesDep, limit: Annotated[int, Query(ge=1, le=500)] = 50
 ) -> NodeDetail:
     async with resources.sessions() as session:
         stats = await node_stats(session, node)

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from diagnoser.api.deps import Resources, ResourcesDep
-from diagnoser.api.errors import ApiError
+from diagnoser.api.errors import ApiError, ErrorBody
 from diagnoser.rules import RuleLoadError
 
 router = APIRouter(prefix="/v1/rules", tags=["rules"])
@@ -33,6 +33,11 @@ class RuleSetView(BaseModel):
     rules: list[RuleView]
     last_reload_errors: list[str]
     """Why the last reload was rejected (the set above stayed active); empty after a success."""
+
+
+class RulesRejectedBody(ErrorBody):
+    problems: list[str]
+    """One line per problem: file, rule and what is wrong."""
 
 
 def _view(resources: Resources) -> RuleSetView:
@@ -65,7 +70,11 @@ async def get_rules(resources: ResourcesDep) -> RuleSetView:
     return _view(resources)
 
 
-@router.post("/reload", response_model=RuleSetView, responses={422: {"description": "rejected"}})
+@router.post(
+    "/reload",
+    response_model=RuleSetView,
+    responses={422: {"model": RulesRejectedBody, "description": "rejected; the active set stays"}},
+)
 async def reload_rules(resources: ResourcesDep) -> RuleSetView:
     """Validate the rule files again; on any problem the active set stays and 422 says why."""
     try:

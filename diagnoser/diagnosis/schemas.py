@@ -6,7 +6,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
 from diagnoser.rules import Action, Category
 
@@ -64,14 +65,49 @@ class FeedbackKind(StrEnum):
     RESOLVE = "resolve"
 
 
+_NOT_NULL: JsonDict = {"not": {"type": "null"}}
+_OVERRIDE_RULE: JsonDict = {
+    "anyOf": [
+        {
+            "properties": {"kind": {"const": "override"}},
+            "anyOf": [
+                {"required": ["category"], "properties": {"category": _NOT_NULL}},
+                {"required": ["action"], "properties": {"action": _NOT_NULL}},
+            ],
+        },
+        {
+            "properties": {
+                "kind": {"enum": ["confirm", "dismiss", "resolve"]},
+                "category": {"type": "null"},
+                "action": {"type": "null"},
+            }
+        },
+    ]
+}
+"""The rule of `_override_names_what`, for clients and fuzzers that read the schema."""
+
+
 class FeedbackIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_OVERRIDE_RULE)
 
     kind: FeedbackKind
-    author: str = Field(min_length=1, max_length=253)
-    comment: str = Field(default="", max_length=10_000)
+    author: str = Field(min_length=1, max_length=253, pattern=r"^[^\x00-\x1f\x7f]+$")
+    """No control characters: the author is shown on one line."""
+    comment: str = Field(
+        default="", max_length=10_000, pattern=r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+    )
+    """Free text; tabs and newlines, no other control characters (PostgreSQL refuses NUL)."""
     category: Category | None = Field(default=None, description="override only")
     action: Action | None = Field(default=None, description="override only")
+
+    @model_validator(mode="after")
+    def _override_names_what(self) -> FeedbackIn:
+        named = self.category is not None or self.action is not None
+        if self.kind is FeedbackKind.OVERRIDE and not named:
+            raise ValueError("an override names a category or an action")
+        if self.kind is not FeedbackKind.OVERRIDE and named:
+            raise ValueError("category and action go with kind=override")
+        return self
 
 
 class FeedbackView(BaseModel):

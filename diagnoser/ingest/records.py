@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from bisect import bisect_right
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -10,6 +11,7 @@ from itertools import accumulate
 from typing import Any
 
 from diagnoser.ingest.framing import LineBatch
+from diagnoser.ingest.schemas import MAX_NAME_LENGTH, MAX_RANK, NAME_PATTERN
 
 MAX_RECORD_AGE_S = 7 * 24 * 3600.0
 """A record time older than this (before its arrival) is not trusted: a week covers a Fluent Bit
@@ -17,6 +19,8 @@ buffer replayed after an outage; 1970 or a zero means a sender that filled the f
 MAX_RECORD_LEAD_S = 300.0
 """A record time this far ahead of the server's clock is not trusted: skew is minutes, not more
 (a time in milliseconds read as seconds lands thousands of years ahead)."""
+
+_NODE = re.compile(NAME_PATTERN)
 
 
 class RecordError(ValueError):
@@ -47,14 +51,30 @@ def parse_time(value: object) -> float | None:
 
 
 def _rank(value: object, where: str) -> int | None:
+    """An integer or its decimal text (labels are strings), within the range the API accepts."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise RecordError(f"{where}: rank must be an integer")
-    try:
-        return int(value)
-    except ValueError as exc:
-        raise RecordError(f"{where}: rank must be an integer") from exc
+    if (isinstance(value, str) and value.isascii() and value.isdigit()) or (
+        isinstance(value, float) and value.is_integer()
+    ):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RANK:
+        raise RecordError(f"{where}: rank must be an integer from 0 to {MAX_RANK}")
+    return value
+
+
+def _node(value: object, where: str) -> str | None:
+    """Validated like the `node` query parameter: it becomes a stream id and a culprit."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise RecordError(f"{where}: node must be a string")
+    if len(value) > MAX_NAME_LENGTH or not _NODE.fullmatch(value):
+        raise RecordError(
+            f"{where}: node must be a name of at most {MAX_NAME_LENGTH} characters "
+            "(letters, digits and _ . : @ -)"
+        )
+    return value
 
 
 MESSAGE_KEYS = ("line", "log", "message")
@@ -69,15 +89,18 @@ def _first(obj: dict[str, Any], keys: tuple[str, ...]) -> Any:
 def _from_object(obj: Any, where: str) -> Record:
     if not isinstance(obj, dict):
         raise RecordError(f"{where}: expected a JSON object")
-    line = _first(obj, MESSAGE_KEYS)
-    if not isinstance(line, str):
+    texts = [obj[key] for key in MESSAGE_KEYS if key in obj]
+    if not texts or not all(isinstance(text, str) for text in texts):
         raise RecordError(f"{where}: missing string field 'line' (or 'log', 'message')")
-    node = obj.get("node")
+    line: str = texts[0]
+    node = _node(obj.get("node"), where)
     kubernetes = obj.get("kubernetes")
-    if node is None and isinstance(kubernetes, dict):
-        node = kubernetes.get("host")  # Fluent Bit's kubernetes filter names the node here
-    if node is not None and not isinstance(node, str):
-        raise RecordError(f"{where}: node must be a string")
+    if isinstance(kubernetes, dict):
+        # Fluent Bit's kubernetes filter names the node here.
+        host = _node(kubernetes.get("host"), f"{where}: kubernetes.host")
+        node = node or host
+    elif kubernetes is not None:
+        raise RecordError(f"{where}: kubernetes must be an object")
     return Record(
         line=line.rstrip("\r\n"),
         node=node,
@@ -100,6 +123,8 @@ def parse_ndjson(body: bytes) -> list[Record]:
             obj = json.loads(raw)
         except ValueError as exc:
             raise RecordError(f"line {number}: not valid JSON ({exc})") from exc
+        except RecursionError as exc:
+            raise RecordError(f"line {number}: JSON nested too deeply") from exc
         records.append(_from_object(obj, f"line {number}"))
     return records
 
@@ -110,6 +135,8 @@ def parse_fluent_bit(body: bytes) -> list[Record]:
         payload = json.loads(body)
     except ValueError as exc:
         raise RecordError(f"not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise RecordError("JSON nested too deeply") from exc
     if isinstance(payload, dict):
         payload = [payload]
     if not isinstance(payload, list):

@@ -1,0 +1,108 @@
+"""The published OpenAPI document against a real `diagnoser serve`: a bounded schemathesis run.
+
+Every operation gets a fixed number of generated requests (valid and invalid); any 5xx, an
+undocumented status code, or a body, content type or header that the document does not allow
+fails the test. Generation is deterministic, so a failure here reproduces on every run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from schemathesis import Case, SerializationContext
+from schemathesis.config import SchemathesisConfig
+from schemathesis.schemas import BaseSchema
+
+from diagnoser.app import create_app
+from diagnoser.config import Settings
+from diagnoser.store.cursor import encode_cursor
+from tests.conftest import run_service
+from tests.servers import ServiceProcess
+
+MAX_EXAMPLES = 25
+"""Per operation and phase; the whole run stays around half a minute on this machine."""
+OOM = b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+
+
+@schemathesis.serializer("application/x-ndjson")
+def _ndjson(_: SerializationContext, value: Any) -> bytes:
+    """The document describes an NDJSON body as its records; on the wire, one per line."""
+    if isinstance(value, list):
+        return b"".join(json.dumps(item).encode() + b"\n" for item in value)
+    return json.dumps(value).encode()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    env = {
+        "DIAGNOSER_DATA_DIR": str(tmp_path_factory.mktemp("data")),
+        "DIAGNOSER_INGEST__IDLE_TIMEOUT_S": "5",
+    }
+    for service in run_service(env):
+        _seed(service)
+        yield service
+
+
+def _seed(service: ServiceProcess) -> None:
+    """Two jobs with a diagnosis each, so that lists have rows to page through."""
+    for job in ("seed-a", "seed-b"):
+        response = httpx.post(
+            f"{service.base_url}/v1/jobs/{job}/logs",
+            params={"node": "gpu-1"},
+            content=OOM,
+            headers={"Content-Type": "text/plain"},
+        )
+        assert response.status_code == 200, response.text
+
+
+def _api_schema() -> BaseSchema:
+    """The document the service publishes (the app builds it without starting up)."""
+    document = create_app(Settings(rules_watch=False)).openapi()
+    config = SchemathesisConfig.from_dict(
+        {
+            "seed": 20261201,
+            "generation": {
+                "deterministic": True,
+                "max-examples": MAX_EXAMPLES,
+                "database": "none",
+            },
+            # Generation is deterministic; only its speed depends on how busy the machine is.
+            "suppress-health-check": ["too_slow"],
+            "phases": {"stateful": {"enabled": False}},
+            # A well-formed cursor must be accepted; forged ones are tested in
+            # test_validation.py (no pattern tells them apart from real ones).
+            "parameters": {"query.cursor": encode_cursor(datetime(2030, 1, 1, tzinfo=UTC), "z")},
+            "request-timeout": 10,
+        }
+    )
+    schema = schemathesis.openapi.from_dict(document, config=config)
+    # An endless event stream: it has its own tests (tests/api/test_diagnoses.py).
+    return schema.exclude(path="/v1/diagnoses/stream")
+
+
+schema = _api_schema()
+
+
+@schema.parametrize()
+def test_every_operation_answers_as_its_schema_says(
+    case: Case[Any], service: ServiceProcess
+) -> None:
+    case.call_and_validate(base_url=service.base_url)
+
+
+def test_the_served_document_is_the_one_tested(service: ServiceProcess) -> None:
+    served = httpx.get(f"{service.base_url}/openapi.json").json()
+    assert served == create_app(Settings(rules_watch=False)).openapi()
+
+
+def test_the_run_covers_the_log_upload_bodies() -> None:
+    """The upload route declares its bodies, so the run above sends text, NDJSON and JSON."""
+    operation = schema["/v1/jobs/{job_id}/logs"]["POST"]
+    media_types = {body.media_type for body in operation.body}
+    assert media_types >= {"text/plain", "application/x-ndjson", "application/json"}
