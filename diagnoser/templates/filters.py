@@ -41,12 +41,13 @@ SLOT_PATTERNS: dict[Slot, str] = {
     Slot.FLOAT: r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?",
     Slot.HEX: r"(?:0[xX])?[0-9a-fA-F]+",
     Slot.IP: r"[0-9a-fA-F:.]*[0-9a-fA-F](?:[:/][0-9]+)?",
-    Slot.PATH: r"[^ \t\n]*[/\\][^ \t\n]*",
+    Slot.PATH: r"[^ \t\n/\\]*[/\\][^ \t\n]*",
     Slot.UUID: r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    Slot.DURATION: r"[-+]?[0-9][0-9.:]*(?:[a-zA-Z]+[0-9.]*)*",
+    Slot.DURATION: r"[-+]?[0-9][0-9.:]*(?:[a-zA-Z]+[0-9.]+)*[a-zA-Z]*",
     Slot.ANY: r"[^ \t\n]+",
 }
-"""What each typed slot accepts. FLOAT takes no `nan`/`inf`: those lines stay out of filters."""
+"""What each typed slot accepts. FLOAT takes no `nan`/`inf`: those lines stay out of filters.
+Each is unambiguous (no nested or overlapping repeats), so a filter runs in linear time."""
 _SLOT_MARK = regex.compile(r"<(" + "|".join(re.escape(s.value) for s in Slot) + r")>")
 _BLANK = regex.compile(r"[ \t]+")
 
@@ -356,16 +357,22 @@ def build_matcher(patterns: Sequence[str], *, engine: str = "auto") -> Matcher:
 class FilterSet:
     """The filters of one family, the record of what was rejected or disabled, and the matcher.
 
-    `match` runs the enabled filters; `enforce` disables the ones that hit a guarded line.
-    The matcher is rebuilt lazily after a change, once per batch at most.
+    `match` runs the enabled filters; `disable` takes one out at once (its matches are
+    dropped from the next result on). Compiling a hyperscan database of hundreds of patterns
+    takes a while, so new filters join the matcher at the next rebuild, at most once per
+    `rebuild_lines` input lines (and at once when the matcher is empty).
     """
 
     engine: str = "auto"
     filters: list[Filter] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     disabled: list[Disabled] = field(default_factory=list)
+    rebuild_lines: int = 4096
     _active: list[Filter] = field(default_factory=list, init=False, repr=False)
     _matcher: Matcher | None = field(default=None, init=False, repr=False)
+    _stale: bool = field(default=False, init=False, repr=False)
+    _since: int = field(default=0, init=False, repr=False)
+    _broken: int = field(default=0, init=False, repr=False)
 
     MAX_RECORDS = 1000
     """Rejections and disable events kept (the oldest go first)."""
@@ -405,7 +412,7 @@ class FilterSet:
             names=names,
         )
         self.filters.append(new)
-        self._matcher = None
+        self._stale = True
         return new
 
     def propose(self, template: TemplateView, validator: Validator, line_no: int = 0) -> bool:
@@ -417,14 +424,22 @@ class FilterSet:
 
     def match(self, lines: Sequence[str]) -> list[Filter | None]:
         """Per line, the enabled filter that matches it, or None."""
-        matcher = self._compiled()
-        active = self._active
-        return [None if i is None else active[i] for i in matcher.match(lines)]
+        idx, active = self.match_indexes(lines)
+        return [None if i is None else active[i] for i in idx]
 
     def match_indexes(self, lines: Sequence[str]) -> tuple[list[int | None], list[Filter]]:
         """The raw form of `match` for the hot path: indexes into the returned filter list."""
-        matcher = self._compiled()
-        return matcher.match(lines), self._active
+        self._since += len(lines)
+        if self._matcher is None or (
+            self._stale and (self._since >= self.rebuild_lines or not self._active)
+        ):
+            self._rebuild()
+        assert self._matcher is not None
+        idx = self._matcher.match(lines)
+        active = self._active
+        if self._broken:
+            idx = [None if i is None or not active[i].enabled else i for i in idx]
+        return idx, active
 
     def count_hits(self, counts: Counter[int | None], active: list[Filter], line_no: int) -> None:
         for index, n in counts.items():
@@ -440,18 +455,21 @@ class FilterSet:
         f.disabled_reason = reason
         f.version += 1
         self._record(self.disabled, Disabled(f.id, f.template_id, line_no, line[:500], reason))
-        self._matcher = None
+        if f in self._active:
+            self._broken += 1
+            self._stale = True
 
     def _record(self, records: list[Any], item: object) -> None:
         records.append(item)
         if len(records) > self.MAX_RECORDS:
             del records[0]
 
-    def _compiled(self) -> Matcher:
-        if self._matcher is None:
-            self._active = self.enabled
-            self._matcher = build_matcher([f.pattern for f in self._active], engine=self.engine)
-        return self._matcher
+    def _rebuild(self) -> None:
+        self._active = self.enabled
+        self._matcher = build_matcher([f.pattern for f in self._active], engine=self.engine)
+        self._stale = False
+        self._since = 0
+        self._broken = 0
 
     def to_json(self) -> dict[str, object]:
         """Plain JSON (no pickle) for storage and reuse by the next job of the family."""

@@ -46,7 +46,7 @@ FAILURE_PATTERNS: tuple[tuple[str, bool], ...] = (
     (r"\b(?:" + "|".join(_WORDS) + r")\b", True),
     (r"NCCL WARN", True),
     (r"[a-z0-9](?:Error|Exception|Failure|Fault|Timeout|Abort|Panic)", False),
-    (r"\b[A-Z0-9]+_(?:ERROR|FAILED|FAILURE|FATAL|TIMEOUT|ABORT|ABORTED|OOM)\b", False),
+    (r"\b[A-Z0-9][A-Z0-9_]*_(?:ERROR|FAILED|FAILURE|FATAL|TIMEOUT|ABORT|ABORTED|OOM)\b", False),
     # glog's error and fatal severities: `E1201 10:00:00.123 ...`, `F1201 ...`.
     (r"\b[EF][0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}", False),
 )
