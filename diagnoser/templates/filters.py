@@ -5,8 +5,9 @@ Log Agent), validated before use, and applied with every other enabled filter as
 multi-pattern matcher over a batch, so the cost per line does not grow with the number of
 filters. Validation, in order, each failure recorded as a `Rejection` with its reason:
 
-1. it compiles with `regex`, uses only what both engines run identically (no lookaround, no
-   back-reference, nothing that can match a newline), and hyperscan compiles it when installed;
+1. it compiles with `regex` and uses only what both engines run identically (no lookaround,
+   no back-reference, no capturing group, nothing that can match a newline); should hyperscan
+   still refuse it, the matcher rebuild disables it with hyperscan's reason;
 2. it is not over-broad: at least `MIN_LITERAL` non-blank literal characters are required in
    every match and it matches none of a few generic probe lines;
 3. it fullmatches every sample of its template;
@@ -209,12 +210,16 @@ def _class_takes_newline(op: Any, av: Any) -> bool:
 
 
 def _adversarial(samples: Sequence[str]) -> list[str]:
-    """Inputs that make a backtracking pattern blow up, if it can."""
+    """Inputs that make a backtracking pattern blow up, if it can: long runs of one character
+    where a slot starts (after a blank, mid-line), and the sample repeated."""
     inputs = ["a" * 4000 + "!", "0" * 4000 + "!", " \t" * 2000 + "!", "0." * 2000 + "x"]
     for sample in samples[:3]:
         inputs.append(" ".join([sample] * 30) + "\x00")
-        for ch in sorted(set(sample))[:12]:
-            inputs.append(sample[: len(sample) // 2] + ch * 3000 + "\x00")
+        cuts = [*[i + 1 for i, ch in enumerate(sample) if ch in " \t"][:6], len(sample) // 2]
+        chars = sorted(set(sample) - {" ", "\t"})[:8]
+        for cut in cuts:
+            for ch in chars:
+                inputs.append(sample[:cut] + ch * 3000 + "\x00")
     return inputs
 
 
@@ -252,10 +257,6 @@ class Validator:
             return f"unsupported: {exc}"
         except (re.error, OverflowError, RecursionError) as exc:
             return f"unsupported syntax: {exc}"
-        if hyperscan_db.available():
-            problem = hyperscan_db.compiles(pattern.encode("utf-8"))
-            if problem is not None:
-                return problem
         if not (pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$")):
             return "not anchored: a filter starts with `^` and ends with `$`"
         if literal < MIN_LITERAL:
@@ -359,17 +360,22 @@ class FilterSet:
 
     `match` runs the enabled filters; `disable` takes one out at once (its matches are
     dropped from the next result on). Compiling a hyperscan database of hundreds of patterns
-    takes a while, so new filters join the matcher at the next rebuild, at most once per
-    `rebuild_lines` input lines (and at once when the matcher is empty).
+    takes seconds, so the matcher has two tiers: the main one (every filter as of its last
+    build) and the filters added since, run with `regex` on the few lines the main one left.
+    The main tier is rebuilt once `rebuild_pending` filters wait, or after `rebuild_lines`
+    input lines with any waiting.
     """
 
     engine: str = "auto"
     filters: list[Filter] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     disabled: list[Disabled] = field(default_factory=list)
-    rebuild_lines: int = 4096
+    rebuild_lines: int = 65_536
+    rebuild_pending: int = 32
     _active: list[Filter] = field(default_factory=list, init=False, repr=False)
     _matcher: Matcher | None = field(default=None, init=False, repr=False)
+    _pending: list[Filter] = field(default_factory=list, init=False, repr=False)
+    _pending_matcher: Matcher | None = field(default=None, init=False, repr=False)
     _stale: bool = field(default=False, init=False, repr=False)
     _since: int = field(default=0, init=False, repr=False)
     _broken: int = field(default=0, init=False, repr=False)
@@ -412,6 +418,9 @@ class FilterSet:
             names=names,
         )
         self.filters.append(new)
+        if self._matcher is not None:
+            self._pending.append(new)
+            self._pending_matcher = None
         self._stale = True
         return new
 
@@ -431,12 +440,23 @@ class FilterSet:
         """The raw form of `match` for the hot path: indexes into the returned filter list."""
         self._since += len(lines)
         if self._matcher is None or (
-            self._stale and (self._since >= self.rebuild_lines or not self._active)
+            self._stale
+            and (self._since >= self.rebuild_lines or len(self._pending) >= self.rebuild_pending)
         ):
             self._rebuild()
         assert self._matcher is not None
         idx = self._matcher.match(lines)
         active = self._active
+        if self._pending:
+            active = [*active, *self._pending]
+            if self._pending_matcher is None:
+                self._pending_matcher = RegexMatcher([f.pattern for f in self._pending])
+            missed = [i for i, x in enumerate(idx) if x is None]
+            found = self._pending_matcher.match([lines[i] for i in missed])
+            base = len(self._active)
+            for i, y in zip(missed, found, strict=True):
+                if y is not None:
+                    idx[i] = base + y
         if self._broken:
             idx = [None if i is None or not active[i].enabled else i for i in idx]
         return idx, active
@@ -455,7 +475,7 @@ class FilterSet:
         f.disabled_reason = reason
         f.version += 1
         self._record(self.disabled, Disabled(f.id, f.template_id, line_no, line[:500], reason))
-        if f in self._active:
+        if f in self._active or f in self._pending:
             self._broken += 1
             self._stale = True
 
@@ -466,7 +486,18 @@ class FilterSet:
 
     def _rebuild(self) -> None:
         self._active = self.enabled
-        self._matcher = build_matcher([f.pattern for f in self._active], engine=self.engine)
+        try:
+            self._matcher = build_matcher([f.pattern for f in self._active], engine=self.engine)
+        except ValueError:
+            # Rare: find the patterns hyperscan refuses (one compile each), drop them, retry.
+            for f in self._active:
+                problem = hyperscan_db.compiles(f.pattern.encode("utf-8"))
+                if problem is not None:
+                    self.disable(f, 0, "", problem)
+            self._active = self.enabled
+            self._matcher = build_matcher([f.pattern for f in self._active], engine=self.engine)
+        self._pending = []
+        self._pending_matcher = None
         self._stale = False
         self._since = 0
         self._broken = 0
