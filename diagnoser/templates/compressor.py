@@ -39,6 +39,9 @@ _FAMILY_NOISE = regex.compile(
 class CompressorConfig:
     min_count: int = 8
     """Lines a template must have taken before it may become a filter."""
+    chunk_lines: int = 256
+    """Batches are compressed in chunks of this many lines, so a filter learned early in a big
+    batch applies to the rest of it."""
     storm_min: int = 4
     """Kept lines of one failure template (on two or more ranks or nodes) that make a storm."""
     signals: SignalConfig = field(default_factory=SignalConfig)
@@ -249,6 +252,23 @@ class JobCompression:
         node: str | None = None,
     ) -> list[int]:
         """Compress one batch of one stream; return the indexes (into `lines`) of kept lines."""
+        size = self.compressor.config.chunk_lines
+        if len(lines) <= size:
+            return self._feed(lines, stream, ranks, node)
+        kept: list[int] = []
+        for start in range(0, len(lines), size):
+            part = ranks[start : start + size] if ranks is not None else None
+            found = self._feed(lines[start : start + size], stream, part, node)
+            kept.extend(start + i for i in found)
+        return kept
+
+    def _feed(
+        self,
+        lines: Sequence[str],
+        stream: str,
+        ranks: Sequence[int | None] | None,
+        node: str | None,
+    ) -> list[int]:
         c = self.compressor
         log = self.log
         first = log.lines_in + 1

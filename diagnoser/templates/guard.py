@@ -36,7 +36,7 @@ _WORDS = (
     r"timeouts?|timed[ -]?out|time[ -]out|xid|sxid|nan|inf|infinity|oom|oomkilled|oom[-_ ]?kill\w*",
     r"out of memory|segfaults?|segmentation fault|core dumped|abort|aborts|aborted|aborting",
     r"panic|panicked|panicking|crash|crashed|crashes|crashing|critical|crit|severe|emerg\w*",
-    r"terminate called|terminated|terminating|denied|refused|unreachable|corrupt\w*|illegal",
+    r"terminate called|terminated|denied|refused|unreachable|corrupt\w*|illegal",
     r"invalid|assert|asserts|assertion|unhandled|uncaught|uncorrectable|ecc|hang|hangs|hung",
     r"hanging|deadlock\w*|stuck|died|dead|lost|exit ?code|exit status|non-?zero exit|cannot",
     r"can't|could not|couldn't|unable|no space left|broken pipe|reset by peer|overflow",
