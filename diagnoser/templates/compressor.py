@@ -27,7 +27,10 @@ from diagnoser.templates.miner import MinerConfig, TemplateMiner
 from diagnoser.templates.model import TemplateView
 from diagnoser.templates.signals import PROGRESS_WORDS, Extractor, SignalConfig, Signals
 
-_RANK = regex.compile(r"(?i)\[rank[ :]?(\d{1,6})\]|\brank[ =:](\d{1,6})\b|^\s*(\d{1,6}): ")
+_RANK = regex.compile(
+    r"(?i)\[rank[ :]?(\d{1,6})\]|\brank[ =:](\d{1,6})\b|^\s*(\d{1,6}): "
+    r"|^[A-Za-z][\w.-]{0,62}:\d+:\d+ \[(\d{1,4})\]"
+)
 _NODE = regex.compile(r"^([A-Za-z][\w.-]{0,62}):\d+:\d+ \[\d+\]|\b(?:host|node)[=: ]([\w.-]{1,63})")
 _FAMILY_NOISE = regex.compile(
     r"(?i)[-_.]?(?:\d{4}-?\d{2}-?\d{2}(?:[-_T]?\d{2}:?\d{2}(?::?\d{2})?)?|[0-9a-f]{7,40}"
@@ -39,9 +42,12 @@ _FAMILY_NOISE = regex.compile(
 class CompressorConfig:
     min_count: int = 8
     """Lines a template must have taken before it may become a filter."""
-    chunk_lines: int = 256
+    chunk_lines: int = 1024
     """Batches are compressed in chunks of this many lines, so a filter learned early in a big
-    batch applies to the rest of it."""
+    batch applies to the rest of it..."""
+    warmup_chunk_lines: int = 32
+    """...and of this many while the last chunk kept over a quarter of its lines (warm-up, or
+    a burst of novel lines): a new filter then applies 32 lines later."""
     storm_min: int = 4
     """Kept lines of one failure template (on two or more ranks or nodes) that make a storm."""
     signals: SignalConfig = field(default_factory=SignalConfig)
@@ -208,12 +214,12 @@ class Compressor:
 
     def _reader(self, f: Filter) -> Extractor | bool:
         """How to read a filter's lines for signals: an extractor, True (slow path), False."""
+        if "checkpoint" in f.template.lower():
+            return True
         if f.template_id not in self._extractors:
             self._extractors[f.template_id] = Extractor.of(f.template)
         extractor = self._extractors[f.template_id]
-        if extractor is not None:
-            return extractor
-        return "checkpoint" in f.template.lower()
+        return extractor if extractor is not None else False
 
     def _consider(self, template_id: int, line_no: int) -> None:
         """Propose a filter for a template once it is seen often enough (retried at 2x, 4x)."""
@@ -242,6 +248,7 @@ class JobCompression:
         self._state: dict[str, GuardState] = {}
         self._pending: Counter[int] = Counter()
         self._pending_first: dict[int, int] = {}
+        self._warm_up = True
 
     def feed(
         self,
@@ -252,14 +259,17 @@ class JobCompression:
         node: str | None = None,
     ) -> list[int]:
         """Compress one batch of one stream; return the indexes (into `lines`) of kept lines."""
-        size = self.compressor.config.chunk_lines
-        if len(lines) <= size:
-            return self._feed(lines, stream, ranks, node)
+        config = self.compressor.config
         kept: list[int] = []
-        for start in range(0, len(lines), size):
+        start = 0
+        while start < len(lines):
+            size = config.warmup_chunk_lines if self._warm_up else config.chunk_lines
             part = ranks[start : start + size] if ranks is not None else None
-            found = self._feed(lines[start : start + size], stream, part, node)
+            chunk = lines[start : start + size]
+            found = self._feed(chunk, stream, part, node)
+            self._warm_up = len(found) * 4 > len(chunk)
             kept.extend(start + i for i in found)
+            start += size
         return kept
 
     def _feed(
@@ -428,7 +438,7 @@ class JobCompression:
 def _origin(line: str, rank: int | None, node: str | None) -> tuple[int | None, str | None]:
     """Rank and node of a failure line, from the stream or from the line's own prefix."""
     if rank is None and (m := _RANK.search(line, 0, 200)) is not None:
-        rank = int(m.group(1) or m.group(2) or m.group(3))
+        rank = int(m.group(1) or m.group(2) or m.group(3) or m.group(4))
     if node is None and (m := _NODE.search(line, 0, 200)) is not None:
         node = m.group(1) or m.group(2)
     return rank, node

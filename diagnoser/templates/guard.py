@@ -33,7 +33,7 @@ from diagnoser.rules.schema import Unit
 _WORDS = (
     r"err|errs|errno|errors?|erro?red|exceptions?|traceback|fatal|fail|fails|failed|failing",
     r"failures?|killed|kills?|killing|sigkill|sigterm|sigsegv|sigabrt|sigbus|sigill|sigfpe",
-    r"timeouts?|timed[ -]?out|time[ -]out|xid|sxid|nan|inf|infinity|oom|oomkilled|oom[-_ ]?kill\w*",
+    r"timeouts?|timed[ -]?out|time[ -]out|xid|sxid|oom|oomkilled|oom[-_ ]?kill\w*",
     r"out of memory|segfaults?|segmentation fault|core dumped|abort|aborts|aborted|aborting",
     r"panic|panicked|panicking|crash|crashed|crashes|crashing|critical|crit|severe|emerg\w*",
     r"terminate called|terminated|denied|refused|unreachable|corrupt\w*|illegal",
@@ -45,6 +45,15 @@ _WORDS = (
 FAILURE_PATTERNS: tuple[tuple[str, bool], ...] = (
     (r"\b(?:" + "|".join(_WORDS) + r")\b", True),
     (r"NCCL WARN", True),
+    # NaN and inf as values (`loss: nan`, `grad_norm=inf`, `loss nan |`, `is nan`), not as
+    # words in a field name: Megatron prints `number of nan iterations:   0` on every step.
+    (
+        r"(?:[:=(\[,|]|\b(?:loss|norm|value|values|tensor|is|are|got|found|detected|became))"
+        r"[ \t]*['\"]?[-+]?(?:nan|inf|infinity)\b",
+        True,
+    ),
+    (r"\b(?:nan|inf|infinity)[ \t]*(?:[,|;)\]}]|$)", True),
+    (r"\bNaNs?\b|\bInf\b|\bnumber of nan iterations:[ \t]*[1-9]", False),
     (r"[a-z0-9](?:Error|Exception|Failure|Fault|Timeout|Abort|Panic)", False),
     (r"\b[A-Z0-9][A-Z0-9_]*_(?:ERROR|FAILED|FAILURE|FATAL|TIMEOUT|ABORT|ABORTED|OOM)\b", False),
     # glog's error and fatal severities: `E1201 10:00:00.123 ...`, `F1201 ...`.

@@ -15,8 +15,8 @@ from tests.templates.corpus import FIXTURES_DIR, loghub_datasets, pack, read_lin
 
 ORACLE = re.compile(
     r"(?i)\b(?:error|errors|exception|traceback|fatal|fail|failed|failure|killed|timeout|"
-    r"timed out|xid|nan|inf|oom|segfault|segmentation fault|abort|aborted|panic)\b|NCCL WARN"
-    r"|[a-z](?-i:Error|Exception)"
+    r"timed out|xid|oom|segfault|segmentation fault|abort|aborted|panic)\b|NCCL WARN"
+    r"|[a-z](?-i:Error|Exception)|[:=]\s*(?:nan|inf)\b"
 )
 """An independent, plainer spelling of the issue's failure words: every line it finds is kept."""
 
@@ -164,8 +164,12 @@ def test_failure_words_are_word_bounded() -> None:
         "ncclSystemError: System call failed",
         "gpu-node-3:12:40 [3] NCCL WARN Call to connect returned Connection refused",
         "step 10 of 100",
+        " iteration 10/100 | lm loss: 2.3E+00 | number of nan iterations:   0 |",
+        " iteration 11/100 | lm loss: 2.3E+00 | number of nan iterations:   2 |",
+        "tensor([nan, 1.0])",
+        "NaN or Inf found in input tensor.",
     ]
-    assert sorted(guard.single(lines)) == [1, 2, 4, 5, 6, 7, 8, 9]
+    assert sorted(guard.single(lines)) == [1, 2, 4, 5, 6, 7, 8, 9, 12, 13, 14]
 
 
 def test_hyperscan_and_regex_guards_agree_on_every_corpus() -> None:
