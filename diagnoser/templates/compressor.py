@@ -51,6 +51,8 @@ class CompressorConfig:
     storm_min: int = 4
     """Kept lines of one failure template (on two or more ranks or nodes) that make a storm."""
     signals: SignalConfig = field(default_factory=SignalConfig)
+    read_signals: bool = True
+    """Read step, loss, lr, grad norm and throughput from progress lines (filtered or kept)."""
     engine: str = "auto"
     """Matcher and guard engine: "hyperscan", "regex" or "auto"."""
     miner: MinerConfig = field(default_factory=MinerConfig)
@@ -311,7 +313,8 @@ class JobCompression:
                 progress_kept.append(i)
         if prev < len(lines):
             self._gap(idx, active, prev, len(lines), first)
-        self._signals(lines, idx, active, first, progress_kept)
+        if c.config.read_signals:
+            self._signals(lines, idx, active, first, progress_kept)
         return kept
 
     def _enforce(

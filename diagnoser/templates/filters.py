@@ -40,7 +40,7 @@ from diagnoser.templates.model import Slot, TemplateView
 SLOT_PATTERNS: dict[Slot, str] = {
     Slot.INT: r"[-+]?[0-9]+",
     Slot.FLOAT: r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?",
-    Slot.HEX: r"(?:0[xX])?[0-9a-fA-F]+",
+    Slot.HEX: r"[0-9a-fA-F]+(?:[xX][0-9a-fA-F]+)?",
     Slot.IP: r"[0-9a-fA-F:.]*[0-9a-fA-F](?:[:/][0-9]+)?",
     Slot.PATH: r"[^ \t\n/\\]*[/\\][^ \t\n]*",
     Slot.UUID: r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
@@ -48,7 +48,9 @@ SLOT_PATTERNS: dict[Slot, str] = {
     Slot.ANY: r"[^ \t\n]+",
 }
 """What each typed slot accepts. FLOAT takes no `nan`/`inf`: those lines stay out of filters.
-Each is unambiguous (no nested or overlapping repeats), so a filter runs in linear time."""
+Each is unambiguous (no nested or overlapping repeats), so a filter runs in linear time, and
+digit-blind (no digit is special: `0x` is not spelled with a literal 0), which makes the
+skeleton cache exact (see `FilterSet`)."""
 _SLOT_MARK = regex.compile(r"<(" + "|".join(re.escape(s.value) for s in Slot) + r")>")
 _BLANK = regex.compile(r"[ \t]+")
 
@@ -209,6 +211,59 @@ def _class_takes_newline(op: Any, av: Any) -> bool:
     return hit is not negate
 
 
+_DIGITS = frozenset(range(48, 58))
+
+
+def digit_blind(pattern: str) -> bool:
+    """Whether swapping any digit of a line for another digit never changes the match.
+
+    True when no literal is a digit and every class takes all ten digits or none: then two
+    lines with the same skeleton (digits replaced by `0`) both match or both fail.
+    """
+    try:
+        return _blind(sre_parse.parse(pattern))
+    except (re.error, OverflowError, RecursionError):
+        return False
+
+
+def _blind(items: Any) -> bool:
+    for op, av in items:
+        if op in (sre.LITERAL, sre.NOT_LITERAL):
+            if av in _DIGITS:
+                return False
+        elif op is sre.IN:
+            covered: set[int] = set()
+            for iop, iav in av:
+                if iop is sre.LITERAL:
+                    covered |= {iav} & _DIGITS
+                elif iop is sre.RANGE:
+                    covered |= set(range(iav[0], iav[1] + 1)) & _DIGITS
+                elif iop is sre.CATEGORY:
+                    return False
+            if covered and covered != _DIGITS:
+                return False
+        elif op is sre.SUBPATTERN:
+            if not _blind(av[3]):
+                return False
+        elif op is sre.ATOMIC_GROUP:
+            if not _blind(av):
+                return False
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            if not _blind(av[2]):
+                return False
+        elif op is sre.BRANCH:
+            if not all(_blind(alt) for alt in av[1]):
+                return False
+        elif op is not sre.AT:
+            return False
+    return True
+
+
+_SKELETON = bytes.maketrans(b"123456789", b"000000000")
+MAX_SKELETONS = 200_000
+"""Skeleton cache entries; a full cache is dropped and refilled."""
+
+
 def _adversarial(samples: Sequence[str]) -> list[str]:
     """Inputs that make a backtracking pattern blow up, if it can: long runs of one character
     where a slot starts (after a blank, mid-line), and the sample repeated."""
@@ -364,6 +419,12 @@ class FilterSet:
     build) and the filters added since, run with `regex` on the few lines the main one left.
     The main tier is rebuilt once `rebuild_pending` filters wait, or after `rebuild_lines`
     input lines with any waiting.
+
+    In front of both, an exact memo: a line's skeleton (its UTF-8 bytes with every digit turned
+    into `0`, one `bytes.translate` per batch) maps to the filter its first line matched. For a
+    digit-blind filter (`digit_blind`: every deterministic one whose literal text has no digit)
+    every line with that skeleton matches it too; "no filter" is remembered only while every
+    enabled filter is digit-blind. Any change to the set empties the memo.
     """
 
     engine: str = "auto"
@@ -379,6 +440,8 @@ class FilterSet:
     _stale: bool = field(default=False, init=False, repr=False)
     _since: int = field(default=0, init=False, repr=False)
     _broken: int = field(default=0, init=False, repr=False)
+    _memo: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
+    _blind: dict[int, bool] = field(default_factory=dict, init=False, repr=False)
 
     MAX_RECORDS = 1000
     """Rejections and disable events kept (the oldest go first)."""
@@ -422,6 +485,7 @@ class FilterSet:
             self._pending.append(new)
             self._pending_matcher = None
         self._stale = True
+        self._memo.clear()
         return new
 
     def propose(self, template: TemplateView, validator: Validator, line_no: int = 0) -> bool:
@@ -444,11 +508,43 @@ class FilterSet:
             and (self._since >= self.rebuild_lines or len(self._pending) >= self.rebuild_pending)
         ):
             self._rebuild()
+        active = [*self._active, *self._pending] if self._pending else self._active
+        if not lines:
+            return [], active
+        memo = self._memo
+        keys = "\n".join(lines).encode("utf-8", "replace").translate(_SKELETON).split(b"\n")
+        if len(keys) != len(lines):  # a line held a lone surrogate's replacement: no memo
+            return self._match(lines, active), active
+        known: list[int | None] = list(map(memo.get, keys))
+        if None not in known:
+            if -1 in known:
+                known = [None if x == -1 else x for x in known]
+            return known, active
+        missed = [i for i, x in enumerate(known) if x is None]
+        found = self._match([lines[i] for i in missed], active)
+        if len(memo) > MAX_SKELETONS:
+            memo.clear()
+        all_blind = all(self._is_blind(f) for f in active if f.enabled)
+        result = [None if x == -1 else x for x in known] if -1 in known else known
+        for i, x in zip(missed, found, strict=True):
+            result[i] = x
+            if x is None:
+                if all_blind:
+                    memo[keys[i]] = -1
+            elif self._is_blind(active[x]):
+                memo[keys[i]] = x
+        return result, active
+
+    def _is_blind(self, f: Filter) -> bool:
+        blind = self._blind.get(f.id)
+        if blind is None:
+            blind = self._blind[f.id] = digit_blind(f.pattern)
+        return blind
+
+    def _match(self, lines: Sequence[str], active: list[Filter]) -> list[int | None]:
         assert self._matcher is not None
         idx = self._matcher.match(lines)
-        active = self._active
         if self._pending:
-            active = [*active, *self._pending]
             if self._pending_matcher is None:
                 self._pending_matcher = RegexMatcher([f.pattern for f in self._pending])
             missed = [i for i, x in enumerate(idx) if x is None]
@@ -459,7 +555,7 @@ class FilterSet:
                     idx[i] = base + y
         if self._broken:
             idx = [None if i is None or not active[i].enabled else i for i in idx]
-        return idx, active
+        return idx
 
     def count_hits(self, counts: Counter[int | None], active: list[Filter], line_no: int) -> None:
         for index, n in counts.items():
@@ -478,6 +574,7 @@ class FilterSet:
         if f in self._active or f in self._pending:
             self._broken += 1
             self._stale = True
+        self._memo.clear()
 
     def _record(self, records: list[Any], item: object) -> None:
         records.append(item)
@@ -498,6 +595,7 @@ class FilterSet:
             self._matcher = build_matcher([f.pattern for f in self._active], engine=self.engine)
         self._pending = []
         self._pending_matcher = None
+        self._memo.clear()
         self._stale = False
         self._since = 0
         self._broken = 0
