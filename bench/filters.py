@@ -106,27 +106,27 @@ def matcher_rows(
 ) -> list[Row]:
     rows: list[Row] = []
     for count, patterns in sets.items():
-        for engine, sample in (("hyperscan", batches), ("regex", batches[:5])):
+        for engine, chunks in (("hyperscan", batches), ("regex", batches[:5])):
             filters = FilterSet(engine=engine)
             filters.filters = []
             for i, pattern in enumerate(patterns):
                 filters.filters.append(Filter(i + 1, i, "", pattern))
-            filters.match_indexes(sample[0])  # build outside the timing
-            n = sum(len(b) for b in sample)
-            seconds = timed(lambda f=filters, s=sample: [f.match_indexes(b) for b in s])  # type: ignore[misc]
+            filters.match_indexes(chunks[0])  # build outside the timing
+            n = sum(len(b) for b in chunks)
+            seconds = timed(lambda f=filters, s=chunks: [f.match_indexes(b) for b in s])  # type: ignore[misc]
             rows.append((f"matcher, {engine}", count, n, seconds))
         compiled = [re.compile(p) for p in patterns]
         order = compiled[:]
         random.Random(1).shuffle(order)
-        sample = lines[:20_000]
+        head = lines[:20_000]
 
-        def naive(order: list[re.Pattern[str]] = order, sample: list[str] = sample) -> None:
+        def naive(order: list[re.Pattern[str]] = order, sample: list[str] = head) -> None:
             for line in sample:
                 for pattern in order:
                     if pattern.fullmatch(line):
                         break
 
-        rows.append(("naive re.fullmatch loop", count, len(sample), timed(naive)))
+        rows.append(("naive re.fullmatch loop", count, len(head), timed(naive)))
     return rows
 
 
