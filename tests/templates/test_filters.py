@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+from functools import cache
 
 import pytest
 import regex
 
 from diagnoser.templates.filters import (
+    Filter,
     FilterSet,
     HyperscanMatcher,
     Proposer,
     RegexMatcher,
     Validator,
     candidates,
+    digit_blind,
     propose,
 )
 from diagnoser.templates.miner import TemplateMiner
@@ -120,6 +123,7 @@ def test_rejections_are_recorded_with_template_and_proposer() -> None:
     assert len(filters) == 0
 
 
+@cache
 def _mined_filters() -> tuple[list[str], list[str]]:
     """Filters proposed from every loghub dataset's templates, and the lines they came from."""
     lines: list[str] = []
@@ -142,9 +146,9 @@ def _mined_filters() -> tuple[list[str], list[str]]:
 
 
 def test_hyperscan_and_regex_matchers_agree_on_loghub() -> None:
-    patterns, lines = _mined_filters()
+    patterns, every = _mined_filters()
     assert len(patterns) > 200
-    lines = lines[::3]  # the pure-regex path is slow with hundreds of filters
+    lines = every[::3]  # the pure-regex path is slow with hundreds of filters
     lines += ["ünïcode iteration 3", "日本語 " + lines[0], lines[0] + " ü", ""]
     fast = HyperscanMatcher(patterns)
     plain = RegexMatcher(patterns)
@@ -195,3 +199,37 @@ def test_one_matcher_serves_hundreds_of_filters() -> None:
         assert filters.propose(view, validator)
     hits = filters.match(["worker7 heartbeat 99 ok", "worker199 heartbeat 1 ok", "other"])
     assert [f.template_id if f else None for f in hits] == [7, 199, None]
+
+
+def test_skeleton_memo_is_exact_for_filters_with_digits_in_their_text() -> None:
+    filters = FilterSet()
+    validator = Validator()
+    assert filters.propose(_view("python3 worker <int> ok", ("python3 worker 12 ok",)), validator)
+    assert filters.propose(_view("comm <hex> nRanks <int>", ("comm 0x1f nRanks 8",), 2), validator)
+    lines = [
+        "python3 worker 12 ok",
+        "python4 worker 12 ok",
+        "comm 0x1f nRanks 8",
+        "comm 5x1f nRanks 8",
+    ]
+    for _ in range(3):  # the second and third rounds are served from the memo
+        hits = filters.match(lines)
+        assert [f.template_id if f else None for f in hits] == [1, None, 2, 2]
+    assert digit_blind(filters.filters[1].pattern)
+    assert not digit_blind(filters.filters[0].pattern)
+
+
+def test_filter_set_with_memo_agrees_with_each_pattern_alone() -> None:
+    patterns, every = _mined_filters()
+    lines = every[::4]
+    shifted = [line.translate(str.maketrans("0123456789", "1234567890")) for line in lines]
+    filters = FilterSet()
+    filters.filters = [Filter(i + 1, i, "", p) for i, p in enumerate(patterns)]
+    alone = [regex.compile(p) for p in patterns]
+    for _ in range(2):
+        for chunk in (lines, shifted):
+            for line, f in zip(chunk, filters.match(chunk), strict=True):
+                if f is None:
+                    assert not any(p.fullmatch(line) for p in alone), line
+                else:
+                    assert alone[f.template_id].fullmatch(line), line
