@@ -442,6 +442,7 @@ class FilterSet:
     _broken: int = field(default=0, init=False, repr=False)
     _memo: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
     _blind: dict[int, bool] = field(default_factory=dict, init=False, repr=False)
+    _blind_flags: list[bool] = field(default_factory=list, init=False, repr=False)
 
     MAX_RECORDS = 1000
     """Rejections and disable events kept (the oldest go first)."""
@@ -524,14 +525,17 @@ class FilterSet:
         found = self._match([lines[i] for i in missed], active)
         if len(memo) > MAX_SKELETONS:
             memo.clear()
-        all_blind = all(self._is_blind(f) for f in active if f.enabled)
+        blind = self._blind_flags
+        if len(blind) != len(active):
+            blind = self._blind_flags = [self._is_blind(f) for f in active]
+        all_blind = all(b for f, b in zip(active, blind, strict=True) if f.enabled)
         result = [None if x == -1 else x for x in known] if -1 in known else known
         for i, x in zip(missed, found, strict=True):
             result[i] = x
             if x is None:
                 if all_blind:
                     memo[keys[i]] = -1
-            elif self._is_blind(active[x]):
+            elif blind[x]:
                 memo[keys[i]] = x
         return result, active
 
@@ -596,6 +600,7 @@ class FilterSet:
         self._pending = []
         self._pending_matcher = None
         self._memo.clear()
+        self._blind_flags = []
         self._stale = False
         self._since = 0
         self._broken = 0
