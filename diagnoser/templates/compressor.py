@@ -107,6 +107,10 @@ class JobLog:
     """The compressed log of one job. `entries` is in input order."""
 
     lines_in: int = 0
+    max_entries: int | None = None
+    """Kept lines and runs stored (None: all). Past it only counts grow: the service keeps a
+    bounded log per job; the CLI keeps everything."""
+    kept_count: int = 0
     kept: list[KeptLine] = field(default_factory=list)
     runs: list[Run] = field(default_factory=list)
     filtered_by_template: Counter[int] = field(default_factory=Counter)
@@ -118,12 +122,16 @@ class JobLog:
 
     @property
     def lines_kept(self) -> int:
-        return len(self.kept)
+        return self.kept_count
 
     @property
     def ratio(self) -> float:
         """Kept lines over input lines (0 for an empty job)."""
-        return len(self.kept) / self.lines_in if self.lines_in else 0.0
+        return self.kept_count / self.lines_in if self.lines_in else 0.0
+
+    @property
+    def full(self) -> bool:
+        return self.max_entries is not None and len(self._order) >= self.max_entries
 
     def storms(self, storm_min: int = 4) -> list[Storm]:
         """Guarded templates kept `storm_min`+ times over two or more ranks or nodes."""
@@ -197,9 +205,9 @@ class Compressor:
         self.lines_in = 0
         """Lines fed across every job of the family (the miner's line numbers)."""
 
-    def job(self, *, record: bool = False) -> JobCompression:
+    def job(self, *, record: bool = False, max_entries: int | None = None) -> JobCompression:
         """Start compressing a new job of this family (its own line numbers, log, signals)."""
-        return JobCompression(self, record=record)
+        return JobCompression(self, record=record, max_entries=max_entries)
 
     def templates(self) -> list[TemplateView]:
         return self.miner.templates()
@@ -243,9 +251,11 @@ class Compressor:
 class JobCompression:
     """Feeds one job's lines through its family's compressor into a `JobLog`."""
 
-    def __init__(self, compressor: Compressor, *, record: bool = False) -> None:
+    def __init__(
+        self, compressor: Compressor, *, record: bool = False, max_entries: int | None = None
+    ) -> None:
         self.compressor = compressor
-        self.log = JobLog(template_ids=[] if record else None)
+        self.log = JobLog(template_ids=[] if record else None, max_entries=max_entries)
         self.log.signals = Signals(compressor.config.signals)
         self._state: dict[str, GuardState] = {}
         self._pending: Counter[int] = Counter()
@@ -369,8 +379,10 @@ class JobCompression:
             c._consider(tid, family_line)
         if log.template_ids is not None:
             log.template_ids[line_no - 1] = tid
-        log._order.append((0, len(log.kept)))
-        log.kept.append(KeptLine(line_no, line, tid, reason, rank, node))
+        log.kept_count += 1
+        if not log.full:
+            log._order.append((0, len(log.kept)))
+            log.kept.append(KeptLine(line_no, line, tid, reason, rank, node))
         return tid
 
     def finish(self) -> JobLog:
@@ -394,6 +406,10 @@ class JobCompression:
         if not self._pending:
             return
         log = self.log
+        if log.full:
+            self._pending.clear()
+            self._pending_first.clear()
+            return
         texts = {f.template_id: f.template for f in self.compressor.filters.filters}
         for tid, n in self._pending.items():
             log._order.append((1, len(log.runs)))
