@@ -42,7 +42,7 @@ _FAMILY_NOISE = regex.compile(
 class CompressorConfig:
     min_count: int = 8
     """Lines a template must have taken before it may become a filter."""
-    chunk_lines: int = 1024
+    chunk_lines: int = 4096
     """Batches are compressed in chunks of this many lines, so a filter learned early in a big
     batch applies to the rest of it..."""
     warmup_chunk_lines: int = 32
@@ -301,8 +301,7 @@ class JobCompression:
         idx, active = c.filters.match_indexes(lines)
 
         idx = self._enforce(lines, guarded, idx, active, first)
-        kept = [i for i, x in enumerate(idx) if x is None]
-        self._count(idx, active, first + len(lines) - 1)
+        kept = [i for i, x in enumerate(idx) if x is None] if None in idx else []
 
         tids = log.template_ids
         if tids is not None:
@@ -310,9 +309,10 @@ class JobCompression:
 
         prev = 0
         progress_kept: list[int] = []
+        hits: Counter[int | None] = Counter()
         for i in kept:
             if i > prev:
-                self._gap(idx, active, prev, i, first)
+                hits += self._gap(idx, active, prev, i, first)
             prev = i + 1
             self._flush_runs()
             rank = ranks[i] if ranks is not None else None
@@ -322,7 +322,8 @@ class JobCompression:
             if c._is_progress(tid):
                 progress_kept.append(i)
         if prev < len(lines):
-            self._gap(idx, active, prev, len(lines), first)
+            hits += self._gap(idx, active, prev, len(lines), first)
+        self._count(hits, active, first + len(lines) - 1)
         if c.config.read_signals:
             self._signals(lines, idx, active, first, progress_kept)
         return kept
@@ -347,9 +348,7 @@ class JobCompression:
                 broken.add(x)
         return [None if x in broken else x for x in idx] if broken else idx
 
-    def _count(self, idx: list[int | None], active: list[Filter], last_line: int) -> None:
-        hits: Counter[int | None] = Counter(idx)
-        hits.pop(None, None)
+    def _count(self, hits: Counter[int | None], active: list[Filter], last_line: int) -> None:
         for x, n in hits.items():
             if x is None:
                 continue
@@ -392,15 +391,18 @@ class JobCompression:
 
     def _gap(
         self, idx: list[int | None], active: list[Filter], start: int, end: int, first: int
-    ) -> None:
-        counts = Counter(idx[start:end])
+    ) -> Counter[int | None]:
+        """Count the filtered lines between two kept lines into the pending runs."""
+        counts: Counter[int | None] = Counter(idx[start:end] if start or end < len(idx) else idx)
+        counts.pop(None, None)
         for x, n in counts.items():
             if x is None:
                 continue
             tid = active[x].template_id
             if tid not in self._pending:
-                self._pending_first[tid] = first + start + idx[start:end].index(x)
+                self._pending_first[tid] = first + idx.index(x, start, end)
             self._pending[tid] += n
+        return counts
 
     def _flush_runs(self) -> None:
         if not self._pending:
