@@ -50,7 +50,7 @@ def loghub_filters(limit: int) -> list[str]:
             miner.add(line)
         chosen = 0
         for view in sorted(miner.templates(), key=lambda v: -v.count):
-            if view.count < 5 or chosen >= limit // len(paths) + 1:
+            if view.count < 5 or chosen >= limit // len(paths) + 8:
                 continue
             for pattern in candidates(view):
                 if validator.check(pattern, view.samples) is None:
