@@ -32,8 +32,9 @@ from training_log import benign_line
 
 from diagnoser.rules import RuleSet, load_dir
 from diagnoser.templates.compressor import Compressor, CompressorConfig
-from diagnoser.templates.filters import Filter, FilterSet, Validator, candidates
+from diagnoser.templates.filters import Filter, FilterSet, candidates
 from diagnoser.templates.miner import TemplateMiner
+from diagnoser.templates.validation import Validator
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGHUB = Path("/work/shared/data/loghub-2k")

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 import regex
 
 from diagnoser.rules.ruleset import RuleSet
-from diagnoser.templates.filters import Filter, FilterSet, Validator
+from diagnoser.templates.filters import Filter, FilterSet
 from diagnoser.templates.guard import Guard, GuardReason, GuardState
 from diagnoser.templates.miner import MinerConfig, TemplateMiner
 from diagnoser.templates.model import TemplateView
 from diagnoser.templates.signals import PROGRESS_WORDS, Extractor, SignalConfig, Signals
+from diagnoser.templates.validation import Validator
 
 _RANK = regex.compile(
     r"(?i)\[rank[ :]?(\d{1,6})\]|\brank[ =:](\d{1,6})\b|^\s*(\d{1,6}): "

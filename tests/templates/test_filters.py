@@ -8,19 +8,11 @@ from functools import cache
 import pytest
 import regex
 
-from diagnoser.templates.filters import (
-    Filter,
-    FilterSet,
-    HyperscanMatcher,
-    Proposer,
-    RegexMatcher,
-    Validator,
-    candidates,
-    digit_blind,
-    propose,
-)
+from diagnoser.templates.filters import Filter, FilterSet, Proposer, candidates, propose
+from diagnoser.templates.matcher import HyperscanMatcher, RegexMatcher
 from diagnoser.templates.miner import TemplateMiner
 from diagnoser.templates.model import Slot, TemplateView
+from diagnoser.templates.validation import Validator, digit_blind
 from tests.templates.corpus import loghub_datasets, pack, read_lines
 
 MEGATRON = TemplateView(
