@@ -406,7 +406,9 @@ def main() -> None:
     from diagnoser.evaluation.command import evaluate
     from diagnoser.shipper.command import ship
     from diagnoser.shipper.run import run
+    from diagnoser.templates.command import compress
 
+    app.command("compress")(compress)
     app.command("ship")(ship)
     app.command("run")(run)
     app.command("eval")(evaluate)

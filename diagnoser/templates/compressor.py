@@ -1,0 +1,466 @@
+"""The compressor: miner + guard + filter set of one job family, and the compressed log of a job.
+
+Per batch: the guard marks failure lines, the filter set matches every line at once, filters
+that hit a guarded line are disabled on the spot (and their lines kept), the rest of the matched
+lines are dropped and counted, and only the kept lines reach the miner. A template the miner has
+seen `min_count` times, that never took a guarded line and has no failure word, is proposed as a
+filter and validated; from the next batch on its lines are filtered. A new job of the family
+(`Compressor.job`) starts with every filter the family has learned.
+
+`JobLog` is what a person (or the LLM) reads: kept lines with their line numbers, filtered runs
+summarised as `[x 12,345 lines] <template>`, storms of one failure template over many ranks
+collapsed to one entry, and the training signals read from progress lines. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import regex
+
+from diagnoser.rules.ruleset import RuleSet
+from diagnoser.templates.filters import Filter, FilterSet
+from diagnoser.templates.guard import Guard, GuardReason, GuardState
+from diagnoser.templates.miner import MinerConfig, TemplateMiner
+from diagnoser.templates.model import TemplateView
+from diagnoser.templates.signals import PROGRESS_WORDS, Extractor, SignalConfig, Signals
+from diagnoser.templates.validation import Validator
+
+_RANK = regex.compile(
+    r"(?i)\[rank[ :]?(\d{1,6})\]|\brank[ =:](\d{1,6})\b|^\s*(\d{1,6}): "
+    r"|^[A-Za-z][\w.-]{0,62}:\d+:\d+ \[(\d{1,4})\]"
+)
+_NODE = regex.compile(r"^([A-Za-z][\w.-]{0,62}):\d+:\d+ \[\d+\]|\b(?:host|node)[=: ]([\w.-]{1,63})")
+_FAMILY_NOISE = regex.compile(
+    r"(?i)[-_.]?(?:\d{4}-?\d{2}-?\d{2}(?:[-_T]?\d{2}:?\d{2}(?::?\d{2})?)?|[0-9a-f]{7,40}"
+    r"|run\d+|v\d+|\d+)(?=$|[-_.])"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CompressorConfig:
+    min_count: int = 8
+    """Lines a template must have taken before it may become a filter."""
+    chunk_lines: int = 4096
+    """Batches are compressed in chunks of this many lines, so a filter learned early in a big
+    batch applies to the rest of it..."""
+    warmup_chunk_lines: int = 32
+    """...and of this many while the last chunk kept over a quarter of its lines (warm-up, or
+    a burst of novel lines): a new filter then applies 32 lines later."""
+    storm_min: int = 4
+    """Kept lines of one failure template (on two or more ranks or nodes) that make a storm."""
+    signals: SignalConfig = field(default_factory=SignalConfig)
+    read_signals: bool = True
+    """Read step, loss, lr, grad norm and throughput from progress lines (filtered or kept)."""
+    engine: str = "auto"
+    """Matcher and guard engine: "hyperscan", "regex" or "auto"."""
+    miner: MinerConfig = field(default_factory=MinerConfig)
+
+
+def family_of(job_name: str) -> str:
+    """A job family from a job name: run numbers, dates and hashes stripped."""
+    stem = job_name.rsplit("/", 1)[-1]
+    stem = regex.sub(r"\.(?:log|txt|out|err)$", "", stem)
+    family = _FAMILY_NOISE.sub("", stem).strip("-_. ")
+    return family or stem
+
+
+@dataclass(frozen=True, slots=True)
+class KeptLine:
+    line_no: int
+    text: str
+    template_id: int
+    guarded: GuardReason | None
+    rank: int | None
+    node: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Consecutive filtered lines of one template between two kept lines."""
+
+    template_id: int
+    template: str
+    count: int
+    first_line: int
+
+
+@dataclass(slots=True)
+class Storm:
+    """One failure template on many ranks: shown once, in place of its first line."""
+
+    template_id: int
+    template: str
+    count: int
+    ranks: set[int]
+    nodes: set[str]
+    first: KeptLine
+    last: KeptLine
+
+
+Entry = KeptLine | Run | Storm
+
+
+@dataclass(slots=True)
+class JobLog:
+    """The compressed log of one job. `entries` is in input order."""
+
+    lines_in: int = 0
+    max_entries: int | None = None
+    """Kept lines and runs stored (None: all). Past it only counts grow: the service keeps a
+    bounded log per job; the CLI keeps everything."""
+    kept_count: int = 0
+    kept: list[KeptLine] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    filtered_by_template: Counter[int] = field(default_factory=Counter)
+    template_ids: list[int] | None = None
+    """Per input line, its template id (only when the job was opened with `record=True`)."""
+    signals: Signals = field(default_factory=Signals)
+    _order: list[tuple[int, int]] = field(default_factory=list)
+    """(kind, index) of each entry: 0 = kept line, 1 = run."""
+
+    @property
+    def lines_kept(self) -> int:
+        return self.kept_count
+
+    @property
+    def ratio(self) -> float:
+        """Kept lines over input lines (0 for an empty job)."""
+        return self.kept_count / self.lines_in if self.lines_in else 0.0
+
+    @property
+    def full(self) -> bool:
+        return self.max_entries is not None and len(self._order) >= self.max_entries
+
+    def storms(self, storm_min: int = 4) -> list[Storm]:
+        """Guarded templates kept `storm_min`+ times over two or more ranks or nodes."""
+        groups: dict[int, list[KeptLine]] = {}
+        for k in self.kept:
+            if k.guarded is not None:
+                groups.setdefault(k.template_id, []).append(k)
+        storms: list[Storm] = []
+        for tid, lines in groups.items():
+            ranks = {k.rank for k in lines if k.rank is not None}
+            nodes = {k.node for k in lines if k.node is not None}
+            if len(lines) >= storm_min and (len(ranks) >= 2 or len(nodes) >= 2):
+                storms.append(Storm(tid, "", len(lines), ranks, nodes, lines[0], lines[-1]))
+        return storms
+
+    def entries(self, templates: dict[int, str], storm_min: int = 4) -> list[Entry]:
+        """Kept lines interleaved with filtered runs; storms replace their lines."""
+        storms = {s.template_id: s for s in self.storms(storm_min)}
+        for s in storms.values():
+            s.template = templates.get(s.template_id, s.first.text)
+        out: list[Entry] = []
+        shown: set[int] = set()
+        for kind, index in self._order:
+            if kind == 1:
+                out.append(self.runs[index])
+                continue
+            k = self.kept[index]
+            storm = storms.get(k.template_id) if k.guarded is not None else None
+            if storm is None:
+                out.append(k)
+            elif k.template_id not in shown:
+                shown.add(k.template_id)
+                out.append(storm)
+        return _merge_runs(out)
+
+
+def _merge_runs(entries: list[Entry]) -> list[Entry]:
+    """Runs of one template split only by lines a storm absorbed become one run."""
+    out: list[Entry] = []
+    for e in entries:
+        last = out[-1] if out else None
+        if isinstance(e, Run) and isinstance(last, Run) and last.template_id == e.template_id:
+            out[-1] = Run(e.template_id, e.template, last.count + e.count, last.first_line)
+        else:
+            out.append(e)
+    return out
+
+
+class Compressor:
+    """One job family's learned state, shared by every job of the family (not thread-safe)."""
+
+    def __init__(
+        self,
+        ruleset: RuleSet,
+        config: CompressorConfig | None = None,
+        *,
+        miner: TemplateMiner | None = None,
+        filters: FilterSet | None = None,
+    ) -> None:
+        self.config = config or CompressorConfig()
+        self.guard = Guard(ruleset, engine=self.config.engine)
+        self.miner = miner or TemplateMiner(self.config.miner)
+        self.filters = filters or FilterSet(engine=self.config.engine)
+        self.validator = Validator(self.guard.rule_examples)
+        self.tainted: set[int] = set()
+        """Templates that took a guarded line: never filtered."""
+        self._seen: Counter[int] = Counter()
+        self._next_try: dict[int, int] = {}
+        self._progress: dict[int, bool] = {}
+        self._extractors: dict[int, Extractor | None] = {}
+        self.lines_in = 0
+        """Lines fed across every job of the family (the miner's line numbers)."""
+
+    def job(self, *, record: bool = False, max_entries: int | None = None) -> JobCompression:
+        """Start compressing a new job of this family (its own line numbers, log, signals)."""
+        return JobCompression(self, record=record, max_entries=max_entries)
+
+    def templates(self) -> list[TemplateView]:
+        return self.miner.templates()
+
+    def _is_progress(self, template_id: int, text: str | None = None) -> bool:
+        """Whether a template's lines carry training progress (cached per template)."""
+        known = self._progress.get(template_id)
+        if known is None:
+            if text is None:
+                view = self.miner.get(template_id)
+                text = view.text if view is not None else ""
+            known = self._progress[template_id] = PROGRESS_WORDS.search(text) is not None
+        return known
+
+    def _reader(self, f: Filter) -> Extractor | bool:
+        """How to read a filter's lines for signals: an extractor, True (slow path), False."""
+        if "checkpoint" in f.template.lower():
+            return True
+        if f.template_id not in self._extractors:
+            self._extractors[f.template_id] = Extractor.of(f.template)
+        extractor = self._extractors[f.template_id]
+        return extractor if extractor is not None else False
+
+    def _consider(self, template_id: int, line_no: int) -> None:
+        """Propose a filter for a template once it is seen often enough (retried at 2x, 4x)."""
+        seen = self._seen[template_id] = self._seen[template_id] + 1
+        if seen < self._next_try.get(template_id, self.config.min_count):
+            return
+        self._next_try[template_id] = seen * 2
+        if template_id in self.tainted:
+            return
+        view = self.miner.get(template_id)
+        if view is None or view.id != template_id or view.id in self.filters.by_template():
+            return
+        if self.guard.single([view.text, *view.samples]):
+            self.tainted.add(template_id)
+            return
+        self.filters.propose(view, self.validator, line_no)
+
+
+class JobCompression:
+    """Feeds one job's lines through its family's compressor into a `JobLog`."""
+
+    def __init__(
+        self, compressor: Compressor, *, record: bool = False, max_entries: int | None = None
+    ) -> None:
+        self.compressor = compressor
+        self.log = JobLog(template_ids=[] if record else None, max_entries=max_entries)
+        self.log.signals = Signals(compressor.config.signals)
+        self._state: dict[str, GuardState] = {}
+        self._pending: Counter[int] = Counter()
+        self._pending_first: dict[int, int] = {}
+        self._warm_up = True
+
+    def feed(
+        self,
+        lines: Sequence[str],
+        *,
+        stream: str = "",
+        ranks: Sequence[int | None] | None = None,
+        node: str | None = None,
+    ) -> list[int]:
+        """Compress one batch of one stream; return the indexes (into `lines`) of kept lines."""
+        config = self.compressor.config
+        kept: list[int] = []
+        start = 0
+        while start < len(lines):
+            size = config.warmup_chunk_lines if self._warm_up else config.chunk_lines
+            part = ranks[start : start + size] if ranks is not None else None
+            chunk = lines[start : start + size]
+            found = self._feed(chunk, stream, part, node)
+            self._warm_up = len(found) * 4 > len(chunk)
+            kept.extend(start + i for i in found)
+            start += size
+        return kept
+
+    def _feed(
+        self,
+        lines: Sequence[str],
+        stream: str,
+        ranks: Sequence[int | None] | None,
+        node: str | None,
+    ) -> list[int]:
+        c = self.compressor
+        log = self.log
+        first = log.lines_in + 1
+        log.lines_in += len(lines)
+        c.lines_in += len(lines)
+        state = self._state.setdefault(stream, GuardState())
+        guarded = c.guard.scan(lines, state, ranks)
+        idx, active = c.filters.match_indexes(lines)
+
+        idx = self._enforce(lines, guarded, idx, active, first)
+        kept = [i for i, x in enumerate(idx) if x is None] if None in idx else []
+
+        tids = log.template_ids
+        if tids is not None:
+            tids.extend(-1 if x is None else active[x].template_id for x in idx)
+
+        prev = 0
+        progress_kept: list[int] = []
+        hits: Counter[int | None] = Counter()
+        for i in kept:
+            if i > prev:
+                hits += self._gap(idx, active, prev, i, first)
+            prev = i + 1
+            self._flush_runs()
+            rank = ranks[i] if ranks is not None else None
+            tid = self._keep(
+                lines[i], first + i, guarded.get(i), rank, node, c.lines_in - len(lines) + i + 1
+            )
+            if c._is_progress(tid):
+                progress_kept.append(i)
+        if prev < len(lines):
+            hits += self._gap(idx, active, prev, len(lines), first)
+        self._count(hits, active, first + len(lines) - 1)
+        if c.config.read_signals:
+            self._signals(lines, idx, active, first, progress_kept)
+        return kept
+
+    def _enforce(
+        self,
+        lines: Sequence[str],
+        guarded: dict[int, GuardReason],
+        idx: list[int | None],
+        active: list[Filter],
+        first: int,
+    ) -> list[int | None]:
+        """The invariant: a filter that matches a guarded line is disabled on the spot, and
+        every line of the batch it matched is kept."""
+        broken: set[int] = set()
+        for i, reason in guarded.items():
+            x = idx[i]
+            if x is not None:
+                f = active[x]
+                reason_text = f"matched a guarded line ({reason.value})"
+                self.compressor.filters.disable(f, first + i, lines[i], reason_text)
+                broken.add(x)
+        return [None if x in broken else x for x in idx] if broken else idx
+
+    def _count(self, hits: Counter[int | None], active: list[Filter], last_line: int) -> None:
+        for x, n in hits.items():
+            if x is None:
+                continue
+            f = active[x]
+            f.hits += n
+            f.last_hit_line = last_line
+            self.log.filtered_by_template[f.template_id] += n
+
+    def _keep(
+        self,
+        line: str,
+        line_no: int,
+        reason: GuardReason | None,
+        rank: int | None,
+        node: str | None,
+        family_line: int,
+    ) -> int:
+        """Mine a kept line and add it to the log; return its template id."""
+        c = self.compressor
+        log = self.log
+        tid = c.miner.add(line)
+        if reason is not None:
+            c.tainted.add(tid)
+            c.validator.remember(line)
+            rank, node = _origin(line, rank, node)
+        else:
+            c._consider(tid, family_line)
+        if log.template_ids is not None:
+            log.template_ids[line_no - 1] = tid
+        log.kept_count += 1
+        if not log.full:
+            log._order.append((0, len(log.kept)))
+            log.kept.append(KeptLine(line_no, line, tid, reason, rank, node))
+        return tid
+
+    def finish(self) -> JobLog:
+        """End of the job's input: close the last filtered runs."""
+        self._flush_runs()
+        return self.log
+
+    def _gap(
+        self, idx: list[int | None], active: list[Filter], start: int, end: int, first: int
+    ) -> Counter[int | None]:
+        """Count the filtered lines between two kept lines into the pending runs."""
+        counts: Counter[int | None] = Counter(idx[start:end] if start or end < len(idx) else idx)
+        counts.pop(None, None)
+        for x, n in counts.items():
+            if x is None:
+                continue
+            tid = active[x].template_id
+            if tid not in self._pending:
+                self._pending_first[tid] = first + idx.index(x, start, end)
+            self._pending[tid] += n
+        return counts
+
+    def _flush_runs(self) -> None:
+        if not self._pending:
+            return
+        log = self.log
+        if log.full:
+            self._pending.clear()
+            self._pending_first.clear()
+            return
+        texts = {f.template_id: f.template for f in self.compressor.filters.filters}
+        for tid, n in self._pending.items():
+            log._order.append((1, len(log.runs)))
+            log.runs.append(Run(tid, texts.get(tid, ""), n, self._pending_first[tid]))
+        self._pending.clear()
+        self._pending_first.clear()
+
+    def _signals(
+        self,
+        lines: Sequence[str],
+        idx: list[int | None],
+        active: list[Filter],
+        first: int,
+        kept: list[int],
+    ) -> None:
+        """Progress lines of the batch, filtered or kept, read in line order.
+
+        A filtered line is read by its template's `Extractor` (one fullmatch); checkpoint
+        lines and kept lines, which are few, by the generic `Signals.observe`.
+        """
+        c = self.compressor
+        readers: dict[int, Extractor | bool] = {}
+        for x, f in enumerate(active):
+            reader = c._reader(f)
+            if reader is not False:
+                readers[x] = reader
+        if not readers and not kept:
+            return
+        chosen = [i for i, x in enumerate(idx) if x in readers] if readers else []
+        if kept:
+            chosen = sorted(chosen + kept)
+        signals = self.log.signals
+        for i in chosen:
+            slot = idx[i]
+            reader = readers.get(slot, True) if slot is not None else True
+            line_no = first + i
+            if isinstance(reader, Extractor):
+                values = reader.read(lines[i])
+                if values is not None:
+                    signals.record(values, line_no)
+                    continue
+            signals.observe(lines[i], line_no)
+
+
+def _origin(line: str, rank: int | None, node: str | None) -> tuple[int | None, str | None]:
+    """Rank and node of a failure line, from the stream or from the line's own prefix."""
+    if rank is None and (m := _RANK.search(line, 0, 200)) is not None:
+        rank = int(m.group(1) or m.group(2) or m.group(3) or m.group(4))
+    if node is None and (m := _NODE.search(line, 0, 200)) is not None:
+        node = m.group(1) or m.group(2)
+    return rank, node

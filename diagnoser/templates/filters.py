@@ -1,0 +1,365 @@
+"""Filters: a stable template becomes an anchored regex that drops its lines before mining.
+
+A filter is proposed from a template (deterministically from its text by default, or by the LLM
+Log Agent), validated before use, and applied with every other enabled filter as one compiled
+multi-pattern matcher over a batch, so the cost per line does not grow with the number of
+filters. Validation (`validation.Validator`) runs first; its reason is recorded as a
+`Rejection`. Should hyperscan still refuse a validated pattern, the matcher rebuild disables it
+with hyperscan's reason.
+
+Slot patterns are ASCII classes written out (`[0-9]`, `[^ \\t\\n]`), never `\\d`/`\\s`, so that
+hyperscan (bytes) and `regex` (str) accept exactly the same lines.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import regex
+
+from diagnoser.rules import hyperscan_db
+from diagnoser.templates.matcher import Matcher, RegexMatcher, build_matcher
+from diagnoser.templates.model import Slot, TemplateView
+from diagnoser.templates.validation import Validator, digit_blind
+
+SLOT_PATTERNS: dict[Slot, str] = {
+    Slot.INT: r"[-+]?[0-9]+",
+    Slot.FLOAT: r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?",
+    Slot.HEX: r"[0-9a-fA-F]+(?:[xX][0-9a-fA-F]+)?",
+    Slot.IP: r"[0-9a-fA-F:.]*[0-9a-fA-F](?:[:/][0-9]+)?",
+    Slot.PATH: r"[^ \t\n/\\]*[/\\][^ \t\n]*",
+    Slot.UUID: r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    Slot.DURATION: r"[-+]?[0-9][0-9.:]*(?:[a-zA-Z]+[0-9.]+)*[a-zA-Z]*",
+    Slot.ANY: r"[^ \t\n]+",
+}
+"""What each typed slot accepts. FLOAT takes no `nan`/`inf`: those lines stay out of filters.
+Each is unambiguous (no nested or overlapping repeats), so a filter runs in linear time, and
+digit-blind (no digit is special: `0x` is not spelled with a literal 0), which makes the
+skeleton cache exact (see `FilterSet`)."""
+_SLOT_MARK = regex.compile(r"<(" + "|".join(re.escape(s.value) for s in Slot) + r")>")
+_BLANK = regex.compile(r"[ \t]+")
+
+
+class Proposer(StrEnum):
+    DETERMINISTIC = "deterministic"
+    LLM = "llm"
+    HUMAN = "human"
+
+
+@dataclass(slots=True)
+class Filter:
+    """One filter: the regex, where it came from, and what it has done."""
+
+    id: int
+    template_id: int
+    template: str
+    pattern: str
+    proposer: Proposer = Proposer.DETERMINISTIC
+    enabled: bool = True
+    hits: int = 0
+    created_line: int = 0
+    """Input line (1-based, across the family) after which the filter was added."""
+    last_hit_line: int = 0
+    disabled_reason: str | None = None
+    version: int = 1
+    names: tuple[str, ...] = ()
+    """Names of the numeric slots (step, loss, lr, ...) when a proposer gave them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A candidate that failed validation, with the reason."""
+
+    template_id: int
+    pattern: str
+    proposer: Proposer
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Disabled:
+    """A filter that matched a guarded line and was disabled on the spot."""
+
+    filter_id: int
+    template_id: int
+    line_no: int
+    line: str
+    reason: str
+
+
+def escape(text: str) -> str:
+    """Literal text as a regex; blank runs become `[ \\t]+` (logs pad columns differently)."""
+    parts = _BLANK.split(text)
+    return "[ \\t]+".join(regex.escape(p, special_only=True) for p in parts)
+
+
+def propose(template: TemplateView, *, loose: bool = False) -> str:
+    """The deterministic filter of a template: its literal text escaped, each slot typed.
+
+    `loose` allows blanks around every slot, for templates whose samples the exact form does
+    not fullmatch (padding the miner normalised away). Slots keep their type either way: a
+    FLOAT slot never takes `nan`, so a NaN loss line is no match and disables nothing.
+    """
+    out: list[str] = []
+    pos = 0
+    text = template.text
+    for m in _SLOT_MARK.finditer(text):
+        out.append(escape(text[pos : m.start()]))
+        slot = SLOT_PATTERNS[Slot(m.group(1))]
+        out.append(f"[ \\t]*(?:{slot})[ \\t]*" if loose else f"(?:{slot})")
+        pos = m.end()
+    out.append(escape(text[pos:]))
+    body = _MERGE_BLANKS.sub(_merged, f"^[ \\t]*{''.join(out)}[ \\t]*$")
+    return body
+
+
+_MERGE_BLANKS = regex.compile(r"(?:\[ \\t\][*+]){2,}")
+
+
+def _merged(m: regex.Match[str]) -> str:
+    """Adjacent blank runs as one (`[ \\t]*[ \\t]+` backtracks quadratically on long blanks)."""
+    return "[ \\t]+" if "+" in m.group(0) else "[ \\t]*"
+
+
+def candidates(template: TemplateView) -> list[str]:
+    """Deterministic proposals, most specific first."""
+    exact = propose(template)
+    loose = propose(template, loose=True)
+    return [exact] if loose == exact else [exact, loose]
+
+
+_SKELETON = bytes.maketrans(b"123456789", b"000000000")
+MAX_SKELETONS = 200_000
+"""Skeleton cache entries; a full cache is dropped and refilled."""
+
+
+@dataclass
+class FilterSet:
+    """The filters of one family, the record of what was rejected or disabled, and the matcher.
+
+    `match` runs the enabled filters; `disable` takes one out at once (its matches are
+    dropped from the next result on). Compiling a hyperscan database of hundreds of patterns
+    takes seconds, so the matcher has two tiers: the main one (every filter as of its last
+    build) and the filters added since, run with `regex` on the few lines the main one left.
+    The main tier is rebuilt once `rebuild_pending` filters wait, or after `rebuild_lines`
+    input lines with any waiting.
+
+    In front of both, an exact memo: a line's skeleton (its UTF-8 bytes with every digit turned
+    into `0`, one `bytes.translate` per batch) maps to the filter its first line matched. For a
+    digit-blind filter (`digit_blind`: every deterministic one whose literal text has no digit)
+    every line with that skeleton matches it too; "no filter" is remembered only while every
+    enabled filter is digit-blind. Any change to the set empties the memo.
+    """
+
+    engine: str = "auto"
+    filters: list[Filter] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    disabled: list[Disabled] = field(default_factory=list)
+    rebuild_lines: int = 65_536
+    rebuild_pending: int = 32
+    _active: list[Filter] = field(default_factory=list, init=False, repr=False)
+    _matcher: Matcher | None = field(default=None, init=False, repr=False)
+    _pending: list[Filter] = field(default_factory=list, init=False, repr=False)
+    _pending_matcher: Matcher | None = field(default=None, init=False, repr=False)
+    _stale: bool = field(default=False, init=False, repr=False)
+    _since: int = field(default=0, init=False, repr=False)
+    _broken: int = field(default=0, init=False, repr=False)
+    _memo: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
+    _blind: dict[int, bool] = field(default_factory=dict, init=False, repr=False)
+    _blind_flags: list[bool] = field(default_factory=list, init=False, repr=False)
+
+    MAX_RECORDS = 1000
+    """Rejections and disable events kept (the oldest go first)."""
+
+    def __len__(self) -> int:
+        return len(self.filters)
+
+    @property
+    def enabled(self) -> list[Filter]:
+        return [f for f in self.filters if f.enabled]
+
+    def by_template(self) -> dict[int, Filter]:
+        return {f.template_id: f for f in self.filters}
+
+    def add(
+        self,
+        template: TemplateView,
+        pattern: str,
+        validator: Validator,
+        *,
+        proposer: Proposer = Proposer.DETERMINISTIC,
+        line_no: int = 0,
+        names: tuple[str, ...] = (),
+    ) -> Filter | None:
+        """Validate `pattern` for `template`; add it, or record the rejection and return None."""
+        reason = validator.check(pattern, template.samples)
+        if reason is not None:
+            self._record(self.rejections, Rejection(template.id, pattern, proposer, reason))
+            return None
+        new = Filter(
+            id=max((f.id for f in self.filters), default=0) + 1,
+            template_id=template.id,
+            template=template.text,
+            pattern=pattern,
+            proposer=proposer,
+            created_line=line_no,
+            names=names,
+        )
+        self.filters.append(new)
+        if self._matcher is not None:
+            self._pending.append(new)
+            self._pending_matcher = None
+        self._stale = True
+        self._memo.clear()
+        return new
+
+    def propose(self, template: TemplateView, validator: Validator, line_no: int = 0) -> bool:
+        """Try the deterministic candidates of `template` in order; True when one was added."""
+        for pattern in candidates(template):
+            if self.add(template, pattern, validator, line_no=line_no) is not None:
+                return True
+        return False
+
+    def match(self, lines: Sequence[str]) -> list[Filter | None]:
+        """Per line, the enabled filter that matches it, or None."""
+        idx, active = self.match_indexes(lines)
+        return [None if i is None else active[i] for i in idx]
+
+    def match_indexes(self, lines: Sequence[str]) -> tuple[list[int | None], list[Filter]]:
+        """The raw form of `match` for the hot path: indexes into the returned filter list."""
+        self._since += len(lines)
+        if self._matcher is None or (
+            self._stale
+            and (self._since >= self.rebuild_lines or len(self._pending) >= self.rebuild_pending)
+        ):
+            self._rebuild()
+        active = [*self._active, *self._pending] if self._pending else self._active
+        if not lines:
+            return [], active
+        memo = self._memo
+        keys = "\n".join(lines).encode("utf-8", "replace").translate(_SKELETON).split(b"\n")
+        if len(keys) != len(lines):  # a line held a lone surrogate's replacement: no memo
+            return self._match(lines, active), active
+        known: list[int | None] = list(map(memo.get, keys))
+        if None not in known:
+            if -1 in known:
+                known = [None if x == -1 else x for x in known]
+            return known, active
+        missed = [i for i, x in enumerate(known) if x is None]
+        found = self._match([lines[i] for i in missed], active)
+        if len(memo) > MAX_SKELETONS:
+            memo.clear()
+        blind = self._blind_flags
+        if len(blind) != len(active):
+            blind = self._blind_flags = [self._is_blind(f) for f in active]
+        all_blind = all(b for f, b in zip(active, blind, strict=True) if f.enabled)
+        result = [None if x == -1 else x for x in known] if -1 in known else known
+        for i, x in zip(missed, found, strict=True):
+            result[i] = x
+            if x is None:
+                if all_blind:
+                    memo[keys[i]] = -1
+            elif blind[x]:
+                memo[keys[i]] = x
+        return result, active
+
+    def _is_blind(self, f: Filter) -> bool:
+        blind = self._blind.get(f.id)
+        if blind is None:
+            blind = self._blind[f.id] = digit_blind(f.pattern)
+        return blind
+
+    def _match(self, lines: Sequence[str], active: list[Filter]) -> list[int | None]:
+        assert self._matcher is not None
+        idx = self._matcher.match(lines)
+        if self._pending:
+            if self._pending_matcher is None:
+                self._pending_matcher = RegexMatcher([f.pattern for f in self._pending])
+            missed = [i for i, x in enumerate(idx) if x is None]
+            found = self._pending_matcher.match([lines[i] for i in missed])
+            base = len(self._active)
+            for i, y in zip(missed, found, strict=True):
+                if y is not None:
+                    idx[i] = base + y
+        if self._broken:
+            idx = [None if i is None or not active[i].enabled else i for i in idx]
+        return idx
+
+    def count_hits(self, counts: Counter[int | None], active: list[Filter], line_no: int) -> None:
+        for index, n in counts.items():
+            if index is not None:
+                active[index].hits += n
+                active[index].last_hit_line = line_no
+
+    def disable(self, f: Filter, line_no: int, line: str, reason: str) -> None:
+        """Disable `f` on the spot and record why; the next match no longer uses it."""
+        if not f.enabled:
+            return
+        f.enabled = False
+        f.disabled_reason = reason
+        f.version += 1
+        self._record(self.disabled, Disabled(f.id, f.template_id, line_no, line[:500], reason))
+        if f in self._active or f in self._pending:
+            self._broken += 1
+            self._stale = True
+        self._memo.clear()
+
+    def _record(self, records: list[Any], item: object) -> None:
+        records.append(item)
+        if len(records) > self.MAX_RECORDS:
+            del records[0]
+
+    def _rebuild(self) -> None:
+        self._active = self.enabled
+        try:
+            self._matcher = build_matcher([f.pattern for f in self._active], engine=self.engine)
+        except ValueError:
+            # Rare: find the patterns hyperscan refuses (one compile each), drop them, retry.
+            for f in self._active:
+                problem = hyperscan_db.compiles(f.pattern.encode("utf-8"))
+                if problem is not None:
+                    self.disable(f, 0, "", problem)
+            self._active = self.enabled
+            self._matcher = build_matcher([f.pattern for f in self._active], engine=self.engine)
+        self._pending = []
+        self._pending_matcher = None
+        self._memo.clear()
+        self._blind_flags = []
+        self._stale = False
+        self._since = 0
+        self._broken = 0
+
+    def to_json(self) -> dict[str, object]:
+        """Plain JSON (no pickle) for storage and reuse by the next job of the family."""
+        return {
+            "version": 1,
+            "filters": [{**asdict(f), "proposer": f.proposer.value} for f in self.filters],
+            "rejections": [{**asdict(r), "proposer": r.proposer.value} for r in self.rejections],
+            "disabled": [asdict(d) for d in self.disabled],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], *, engine: str = "auto") -> FilterSet:
+        out = cls(engine=engine)
+        for raw in data.get("filters", []):
+            item = dict(raw)
+            item["proposer"] = Proposer(item.get("proposer", Proposer.DETERMINISTIC))
+            item["names"] = tuple(item.get("names", ()))
+            out.filters.append(Filter(**item))
+        for raw in data.get("rejections", []):
+            out.rejections.append(
+                Rejection(
+                    int(raw["template_id"]),
+                    str(raw["pattern"]),
+                    Proposer(raw["proposer"]),
+                    str(raw["reason"]),
+                )
+            )
+        for raw in data.get("disabled", []):
+            out.disabled.append(Disabled(**raw))
+        return out

@@ -1,0 +1,256 @@
+"""Training signals read from progress lines: step, loss, lr, grad norm, throughput, checkpoints.
+
+The compressor hands over the lines of progress templates (filtered or kept), so the numbers a
+filter drops from the log are still watched. From them: a NaN/inf loss or grad norm, a loss
+spike (above `spike_factor` times the rolling mean of the last `window` losses, InternEvo's
+threshold by default), a throughput drop (below `drop_factor` times its rolling mean), and the
+last checkpoint saved before a spike, which is where a restart should resume from. Step and
+checkpoint parsing reuse `diagnosis.progress`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import regex
+
+from diagnoser.diagnosis.progress import CHECKPOINT_STEP, NOT_A_SAVE, SAVED, STEP
+
+_NUMBER = r"[-+]?(?:nan|inf(?:inity)?|[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+)"
+METRIC = regex.compile(
+    r"(?i)(?<![\w/])(?P<key>lm[ _]loss|train[ _]loss|loss|learning[ _]rate|lr|grad[ _]norm"
+    r"|tokens/s(?:ec)?|tokens per second|samples/s(?:ec)?|samples per second|tflops|throughput"
+    r")(?:\s*\([^)]{0,20}\))?['\"]?\s*[:=]?\s*['\"]?(?P<value>" + _NUMBER + r")(?![\w.])"
+)
+PROGRESS_WORDS = regex.compile(
+    r"(?i)\b(?:loss|lr|learning rate|grad[ _]norm|tokens/s|samples/s|throughput|tflops|iteration"
+    r"|iter|step|global_step|checkpoint)\b"
+)
+"""A template whose text has one of these is a progress template: its lines go to `Signals`."""
+
+_KEYS = {
+    "lm loss": "loss",
+    "lm_loss": "loss",
+    "train loss": "loss",
+    "train_loss": "loss",
+    "loss": "loss",
+    "learning rate": "lr",
+    "learning_rate": "lr",
+    "lr": "lr",
+    "grad norm": "grad_norm",
+    "grad_norm": "grad_norm",
+}
+
+
+_NAMES = {
+    **_KEYS,
+    "iteration": "step",
+    "iter": "step",
+    "step": "step",
+    "global_step": "step",
+    "tokens/s": "throughput",
+    "tokens/sec": "throughput",
+    "tokens_per_sec": "throughput",
+    "samples/s": "throughput",
+    "samples/sec": "throughput",
+    "samples_per_sec": "throughput",
+    "tflops": "throughput",
+    "throughput": "throughput",
+}
+_SLOT = re.compile(r"<(int|float|hex|ip|path|uuid|duration|\*)>")
+_LAST_NAME = re.compile(r"([A-Za-z_/]+(?: [A-Za-z_/]+)?)[ :=]*$")
+_VALUE_SLOT = {"int": r"[-+]?[0-9]+", "float": r"[-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?"}
+
+
+class Extractor:
+    """Reads the numbers of one progress template's lines with one stdlib `re` fullmatch.
+
+    Built from the template text: each INT or FLOAT slot right after a known name (`loss=`,
+    `lm loss:`, `iteration`, `grad_norm=`, `tokens/s=`) becomes a named group.
+    """
+
+    __slots__ = ("_fullmatch", "names")
+
+    def __init__(self, fullmatch: re.Pattern[str], names: dict[str, str]) -> None:
+        self._fullmatch = fullmatch.fullmatch
+        self.names = names
+        """Group name -> metric (step, loss, lr, grad_norm, throughput)."""
+
+    @classmethod
+    def of(cls, template: str) -> Extractor | None:
+        parts: list[str] = []
+        names: dict[str, str] = {}
+        pos = 0
+        for m in _SLOT.finditer(template):
+            literal = template[pos : m.start()]
+            parts.append(_literal(literal))
+            slot = m.group(1)
+            name = _LAST_NAME.search(literal)
+            metric = _NAMES.get(name.group(1).lower()) if name else None
+            if metric is None and name and " " in name.group(1):
+                metric = _NAMES.get(name.group(1).split()[-1].lower())
+            if metric is not None and slot in _VALUE_SLOT and metric not in names.values():
+                group = f"g{len(names)}"
+                names[group] = metric
+                parts.append(f"[ \\t]*(?P<{group}>{_VALUE_SLOT[slot]})[ \\t]*")
+            else:
+                parts.append("[ \\t]*[^ \\t]+?[ \\t]*" if slot == "*" else "[ \\t]*.+?[ \\t]*")
+            pos = m.end()
+        parts.append(_literal(template[pos:]))
+        if not names:
+            return None
+        return cls(re.compile("[ \\t]*" + "".join(parts) + "[ \\t]*"), names)
+
+    def read(self, line: str) -> dict[str, float] | None:
+        m = self._fullmatch(line)
+        if m is None:
+            return None
+        return {self.names[k]: float(v) for k, v in m.groupdict().items()}
+
+
+def _literal(text: str) -> str:
+    return "[ \\t]+".join(re.escape(p) for p in re.split(r"[ \t]+", text))
+
+
+class SignalKind(StrEnum):
+    NAN_LOSS = "nan_loss"
+    NAN_GRAD_NORM = "nan_grad_norm"
+    LOSS_SPIKE = "loss_spike"
+    THROUGHPUT_DROP = "throughput_drop"
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    kind: SignalKind
+    line_no: int
+    step: int | None
+    value: float
+    baseline: float | None
+    """The rolling mean the value was compared with (spikes and drops)."""
+    resume_from: int | None
+    """Step of the last checkpoint saved before the signal: where a restart should resume."""
+
+
+@dataclass(frozen=True, slots=True)
+class SignalConfig:
+    spike_factor: float = 1.5
+    window: int = 20
+    """Losses (and throughputs) in the rolling mean; no spike is called before half of it."""
+    drop_factor: float = 0.5
+    max_signals: int = 100
+
+
+@dataclass(slots=True)
+class Signals:
+    """Per job: the last values seen and the signals raised, in line order."""
+
+    config: SignalConfig = field(default_factory=SignalConfig)
+    step: int | None = None
+    loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    throughput: float | None = None
+    last_checkpoint_step: int | None = None
+    raised: list[Signal] = field(default_factory=list)
+    _losses: deque[float] = field(default_factory=deque)
+    _rates: deque[float] = field(default_factory=deque)
+
+    def observe(self, line: str, line_no: int) -> None:
+        """Read one progress line."""
+        if "heckpoint" in line and SAVED.search(line) and not NOT_A_SAVE.search(line):
+            m = CHECKPOINT_STEP.search(line)
+            if m is not None:
+                self.last_checkpoint_step = int(m.group(1) or m.group(2))
+            return
+        if (m := STEP.search(line)) is not None:
+            self.step = int(m.group(1))
+        values = {
+            _KEYS.get(m["key"].lower(), "throughput"): float(m["value"])
+            for m in METRIC.finditer(line)
+        }
+        self.record(values, line_no)
+
+    def record(self, values: dict[str, float], line_no: int) -> None:
+        """Numbers read from one progress line (by `observe` or a template's `Extractor`)."""
+        step = values.get("step")
+        if step is not None and math.isfinite(step):
+            self.step = int(step)
+        for name, value in values.items():
+            if name == "step":
+                continue
+            if name == "loss":
+                self._loss(value, line_no)
+            elif name == "lr":
+                self.lr = value
+            elif name == "grad_norm":
+                self.grad_norm = value
+                if not math.isfinite(value):
+                    self._raise(SignalKind.NAN_GRAD_NORM, line_no, value, None)
+            else:
+                self._rate(value, line_no)
+
+    def _loss(self, value: float, line_no: int) -> None:
+        self.loss = value
+        if not math.isfinite(value):
+            self._raise(SignalKind.NAN_LOSS, line_no, value, None)
+            return
+        window = self._losses
+        if len(window) >= max(1, self.config.window // 2):
+            mean = sum(window) / len(window)
+            if mean > 0 and value > self.config.spike_factor * mean:
+                self._raise(SignalKind.LOSS_SPIKE, line_no, value, mean)
+                return  # a spike does not join the baseline it is measured against
+        window.append(value)
+        if len(window) > self.config.window:
+            window.popleft()
+
+    def _rate(self, value: float, line_no: int) -> None:
+        self.throughput = value
+        window = self._rates
+        if len(window) >= max(1, self.config.window // 2):
+            mean = sum(window) / len(window)
+            if mean > 0 and value < self.config.drop_factor * mean:
+                self._raise(SignalKind.THROUGHPUT_DROP, line_no, value, mean)
+        window.append(value)
+        if len(window) > self.config.window:
+            window.popleft()
+
+    def _raise(self, kind: SignalKind, line_no: int, value: float, baseline: float | None) -> None:
+        if len(self.raised) >= self.config.max_signals:
+            return
+        self.raised.append(
+            Signal(kind, line_no, self.step, value, baseline, self.last_checkpoint_step)
+        )
+
+    def as_record(self) -> dict[str, object]:
+        """JSON for the CLI and the API: last values and every signal."""
+        last = {
+            "step": self.step,
+            "loss": _finite(self.loss),
+            "lr": _finite(self.lr),
+            "grad_norm": _finite(self.grad_norm),
+            "throughput": _finite(self.throughput),
+            "last_checkpoint_step": self.last_checkpoint_step,
+        }
+        return {
+            "last": {k: v for k, v in last.items() if v is not None},
+            "signals": [
+                {
+                    "kind": s.kind.value,
+                    "line_no": s.line_no,
+                    "step": s.step,
+                    "value": _finite(s.value) if math.isfinite(s.value) else str(s.value),
+                    "baseline": s.baseline,
+                    "resume_from_checkpoint_step": s.resume_from,
+                }
+                for s in self.raised
+            ],
+        }
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

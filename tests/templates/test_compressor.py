@@ -1,0 +1,144 @@
+"""The compressed log: kept lines, filtered runs, storms, training signals, reuse by a family."""
+
+from __future__ import annotations
+
+import random
+import re
+
+from diagnoser.templates.compressor import (
+    Compressor,
+    CompressorConfig,
+    JobCompression,
+    JobLog,
+    KeptLine,
+    Run,
+    Storm,
+    family_of,
+)
+from diagnoser.templates.signals import SignalKind
+from tests.templates.corpus import pack
+
+
+def training_lines(seed: int, steps: int, *, spike_at: int | None = None) -> list[str]:
+    """A Megatron-style job: iteration lines, memory reports, checkpoint saves every 50 steps."""
+    rng = random.Random(seed)
+    lines = ["> initializing torch distributed ...", "> building GPT model ..."]
+    loss = 4.0
+    for it in range(1, steps + 1):
+        loss = max(2.0, loss - 0.002 + rng.uniform(-0.01, 0.01))
+        shown = loss * 3 if it == spike_at else loss
+        lines.append(
+            f" iteration {it:>6}/{100000:>6} | consumed samples: {it * 512:>9} | "
+            f"learning rate: {3e-4:.6E} | lm loss: {shown:.6E} | loss scale: 1.0 | "
+            f"grad norm: {rng.uniform(0.2, 1.0):.3f} | number of nan iterations: {0:>3} |"
+        )
+        lines.append(
+            f"[Rank 0] (after {it} iterations) memory (MB) | allocated: "
+            f"{rng.uniform(2e4, 2.1e4):.1f} | reserved: 34000.0"
+        )
+        if it % 50 == 0:
+            lines.append(f"saving checkpoint at iteration {it:>7} to /ckpt/gpt")
+    return lines
+
+
+def run(job: JobCompression, lines: list[str], batch: int = 512) -> JobLog:
+    for start in range(0, len(lines), batch):
+        job.feed(lines[start : start + batch])
+    return job.finish()
+
+
+def test_filtered_runs_and_kept_lines_account_for_every_input_line() -> None:
+    compressor = Compressor(pack())
+    lines = training_lines(1, 2000)
+    log = run(compressor.job(), lines)
+    assert log.lines_in == len(lines)
+    assert log.ratio < 0.05
+    entries = log.entries({t.id: t.text for t in compressor.templates()})
+    kept = [e for e in entries if isinstance(e, KeptLine)]
+    runs = [e for e in entries if isinstance(e, Run)]
+    assert len(kept) == log.lines_kept
+    assert sum(r.count for r in runs) + len(kept) == len(lines)
+    assert [k.line_no for k in kept] == sorted(k.line_no for k in kept)
+    assert any(re.search(r"iteration +<int>/<int>", r.template) for r in runs)
+    big = max(runs, key=lambda r: r.count)
+    assert big.count > 100
+    assert big.first_line > kept[0].line_no
+
+
+def test_a_second_job_of_the_family_is_compressed_from_its_first_line() -> None:
+    compressor = Compressor(pack())
+    first = run(compressor.job(), training_lines(1, 2000)[:1000])
+    second = run(compressor.job(), training_lines(2, 2000)[:1000])
+    assert second.lines_kept * 3 <= first.lines_kept
+    assert second.kept == [] or second.kept[0].line_no >= 1
+
+
+def test_nan_loss_is_kept_and_signalled() -> None:
+    compressor = Compressor(pack())
+    job = compressor.job()
+    lines = training_lines(3, 400)
+    nan_line = (
+        " iteration    401/100000 | lm loss: nan | grad norm: inf | number of nan iterations:   1 |"
+    )
+    log = run(job, [*lines, nan_line])
+    assert log.kept[-1].text == nan_line
+    kinds = [s.kind for s in log.signals.raised]
+    assert SignalKind.NAN_LOSS in kinds
+    assert SignalKind.NAN_GRAD_NORM in kinds
+    assert log.signals.raised[-1].step == 401
+
+
+def test_loss_spike_names_the_checkpoint_to_resume_from() -> None:
+    compressor = Compressor(pack())
+    run(compressor.job(), training_lines(4, 300))  # warm-up: progress lines are filtered now
+    log = run(compressor.job(), training_lines(5, 300, spike_at=173))
+    spikes = [s for s in log.signals.raised if s.kind is SignalKind.LOSS_SPIKE]
+    assert [s.step for s in spikes] == [173]
+    assert spikes[0].resume_from == 150
+    assert spikes[0].baseline is not None
+    assert spikes[0].value > 1.5 * spikes[0].baseline
+    # The spiking line itself was filtered: the signal comes from what the filters dropped.
+    assert all(" iteration    173/" not in k.text for k in log.kept)
+
+
+def test_storm_of_one_failure_template_over_many_ranks_becomes_one_entry() -> None:
+    compressor = Compressor(pack())
+    lines = []
+    for i in range(64):
+        rank = i % 32
+        lines.append(
+            f"gpu-node-{rank // 8:03d}:{100 + rank}:{200 + rank} [{rank % 8}] NCCL WARN "
+            f"NET/IB : Got completion from peer 10.0.0.{rank} with status=12 opcode=0 len=0 "
+            f"vendor err 129 (Recv) localGid ::ffff:10.0.0.{i} hca mlx5_0"
+        )
+    log = run(compressor.job(), ["training started", *lines, "training ended"])
+    assert log.lines_kept == 66  # every failure line is kept...
+    entries = log.entries({t.id: t.text for t in compressor.templates()})
+    storms = [e for e in entries if isinstance(e, Storm)]
+    assert len(storms) == 1  # ...and shown once
+    [storm] = storms
+    assert storm.count == 64
+    assert len(storm.nodes) == 4
+    assert len(storm.ranks) == 8  # NCCL's bracket is the local rank
+    assert storm.first.line_no == 2
+    assert storm.last.line_no == 65
+    assert len(entries) == 3
+
+
+def test_templates_are_recorded_per_line_when_asked() -> None:
+    compressor = Compressor(pack(), CompressorConfig(min_count=4))
+    lines = training_lines(6, 300)
+    log = run(compressor.job(record=True), lines)
+    assert log.template_ids is not None
+    assert len(log.template_ids) == len(lines)
+    assert -1 not in log.template_ids
+    iteration_ids = {
+        t for t, line in zip(log.template_ids, lines, strict=True) if line.startswith(" iteration")
+    }
+    assert len(iteration_ids) == 1
+
+
+def test_family_is_the_job_name_without_run_numbers_dates_and_hashes() -> None:
+    assert family_of("llama-7b-pretrain-run42-2024-05-01") == "llama-7b-pretrain"
+    assert family_of("gpt-neox_20240501_3f9a2c1.log") == "gpt-neox"
+    assert family_of("bert-large-17") == "bert-large"

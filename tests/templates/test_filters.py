@@ -1,0 +1,227 @@
+"""Filters: proposed from templates, validated with recorded reasons, matched as one set."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import pytest
+import regex
+
+from diagnoser.templates.filters import Filter, FilterSet, Proposer, candidates, propose
+from diagnoser.templates.matcher import HyperscanMatcher, RegexMatcher
+from diagnoser.templates.miner import TemplateMiner
+from diagnoser.templates.model import Slot, TemplateView
+from diagnoser.templates.validation import Validator, digit_blind
+from tests.templates.corpus import loghub_datasets, pack, read_lines
+
+MEGATRON = TemplateView(
+    id=3,
+    text="iteration <int>/<int> | lm loss <float> | lr <float>",
+    slots=(Slot.INT, Slot.INT, Slot.FLOAT, Slot.FLOAT),
+    count=50,
+    first_seen=1,
+    last_seen=50,
+    samples=(
+        "iteration 10/500 | lm loss 2.345 | lr 3.0e-4",
+        "iteration 11/500 | lm loss 2.31 | lr 3.0e-4",
+    ),
+)
+
+
+def _view(text: str, samples: tuple[str, ...], tid: int = 1) -> TemplateView:
+    return TemplateView(tid, text, (), 20, 1, 20, samples)
+
+
+def test_deterministic_filter_is_anchored_typed_and_fullmatches_its_samples() -> None:
+    validator = Validator(pack().rules[0].spec.examples.match)
+    pattern = propose(MEGATRON)
+    assert pattern.startswith("^")
+    assert pattern.endswith("$")
+    assert validator.check(pattern, MEGATRON.samples) is None
+    matcher = RegexMatcher([pattern])
+    assert matcher.match(
+        [
+            "iteration 12/500 | lm loss 2.2 | lr 2.9e-4",
+            "iteration 12/500 | lm loss nan | lr 2.9e-4",  # FLOAT never takes nan
+            "iteration x/500 | lm loss 2.2 | lr 2.9e-4",
+            "prefix iteration 12/500 | lm loss 2.2 | lr 2.9e-4",
+        ]
+    ) == [0, None, None, None]
+
+
+def test_loose_candidate_absorbs_padding_the_template_lost() -> None:
+    view = _view("iteration <int>/<int> | loss <float>", ("iteration   100/  500 | loss 2.5",))
+    exact, loose = candidates(view)
+    validator = Validator()
+    assert validator.check(exact, view.samples) is not None
+    assert validator.check(loose, view.samples) is None
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [
+        (r"^iteration (", "does not compile"),
+        (r"^.*$", "unsupported: `.`"),
+        (r"^[^ \t\n]+$", "over-broad"),
+        (r"^[a-z]*l[a-z ]*l[a-z ]*o[a-z ]*o[a-z ]*$", "over-broad: matches the generic line"),
+        (r"iteration [0-9]+", "not anchored"),
+        (r"^(iteration) [0-9]+$", "capturing group"),
+        (r"^iteration \d+$", "write the ASCII class out"),
+        (r"^iteration[^x]+$", "matches a newline"),
+        (r"^iteration (?=[0-9])[0-9]+$", "lookaround"),
+        (r"^iteration [0-9]+ done$", "does not fullmatch its sample"),
+        (r"^iteration (?:a|aa)+b$", "too slow"),
+    ],
+)
+def test_validation_rejects_with_a_reason(pattern: str, reason: str) -> None:
+    samples = ("iteration aab",) if "aa" in pattern else ("iteration 12",)
+    found = Validator().check(pattern, samples)
+    assert found is not None
+    assert reason in found, found
+
+
+def test_a_filter_that_matches_the_guard_corpus_is_rejected() -> None:
+    example = next(
+        line
+        for rule in pack().rules
+        for line in rule.spec.examples.match
+        if "No space left on device" in line and "\n" not in line
+    )
+    miner = TemplateMiner()
+    view = miner.get(miner.add(example))
+    assert view is not None
+    validator = Validator([example])
+    problem = validator.check(propose(view), view.samples)
+    assert problem is not None
+    assert problem.startswith("matches a guarded line")
+
+    seen = Validator()
+    seen.remember("worker 3 crashed hard")
+    view = _view("worker <int> <*> hard", ("worker 3 idles hard",))
+    problem = seen.check(propose(view), view.samples)
+    assert problem is not None
+    assert "worker 3 crashed hard" in problem
+
+
+def test_rejections_are_recorded_with_template_and_proposer() -> None:
+    filters = FilterSet()
+    view = _view("<*> <*>", ("a b", "c d"), tid=9)
+    assert filters.propose(view, Validator()) is False
+    assert [(r.template_id, r.proposer) for r in filters.rejections] == [
+        (9, Proposer.DETERMINISTIC)
+    ]
+    assert "over-broad" in filters.rejections[0].reason
+    assert len(filters) == 0
+
+
+@cache
+def _mined_filters() -> tuple[list[str], list[str]]:
+    """Filters proposed from every loghub dataset's templates, and the lines they came from."""
+    lines: list[str] = []
+    patterns: list[str] = []
+    validator = Validator()
+    for path in loghub_datasets():
+        data = read_lines(path)
+        lines += data
+        miner = TemplateMiner()
+        for line in data:
+            miner.add(line)
+        for view in miner.templates():
+            if view.count < 5:
+                continue
+            for pattern in candidates(view):
+                if validator.check(pattern, view.samples) is None:
+                    patterns.append(pattern)
+                    break
+    return patterns, lines
+
+
+def test_hyperscan_and_regex_matchers_agree_on_loghub() -> None:
+    patterns, every = _mined_filters()
+    assert len(patterns) > 200
+    lines = every[::3]  # the pure-regex path is slow with hundreds of filters
+    lines += ["ünïcode iteration 3", "日本語 " + lines[0], lines[0] + " ü", ""]
+    fast = HyperscanMatcher(patterns)
+    plain = RegexMatcher(patterns)
+    alone = [regex.compile(p) for p in patterns]
+    matched = 0
+    for start in range(0, len(lines), 2048):
+        chunk = lines[start : start + 2048]
+        a, b = fast.match(chunk), plain.match(chunk)
+        # Overlapping filters may each claim a line: the engines agree on which lines match,
+        # and whichever filter each names does fullmatch the line.
+        assert [x is None for x in a] == [x is None for x in b]
+        for line, x in zip(chunk, a, strict=True):
+            if x is not None:
+                assert alone[x].fullmatch(line) is not None
+        matched += sum(x is not None for x in a)
+    assert matched > len(lines) // 3
+
+
+def test_filter_set_round_trips_through_plain_json() -> None:
+    filters = FilterSet()
+    assert filters.propose(MEGATRON, Validator(), line_no=120)
+    filters.propose(_view("<*> <*>", ("a b",), tid=4), Validator())
+    [f] = filters.filters
+    filters.disable(f, 130, "iteration 1/2 | lm loss nan | lr 1", "matched a guarded line")
+    data = json.loads(json.dumps(filters.to_json()))
+    again = FilterSet.from_json(data)
+    assert again.to_json() == filters.to_json()
+    assert again.filters[0].created_line == 120
+    assert not again.filters[0].enabled
+    assert again.disabled[0].line_no == 130
+
+
+def test_disabled_filter_stops_matching_at_once() -> None:
+    filters = FilterSet()
+    assert filters.propose(MEGATRON, Validator())
+    line = "iteration 12/500 | lm loss 2.2 | lr 2.9e-4"
+    [f] = filters.match([line])
+    assert f is not None
+    filters.disable(f, 1, line, "test")
+    assert filters.match([line]) == [None]
+
+
+def test_one_matcher_serves_hundreds_of_filters() -> None:
+    filters = FilterSet()
+    validator = Validator()
+    for i in range(200):
+        view = _view(f"worker{i} heartbeat <int> ok", (f"worker{i} heartbeat 12 ok",), tid=i)
+        assert filters.propose(view, validator)
+    hits = filters.match(["worker7 heartbeat 99 ok", "worker199 heartbeat 1 ok", "other"])
+    assert [f.template_id if f else None for f in hits] == [7, 199, None]
+
+
+def test_skeleton_memo_is_exact_for_filters_with_digits_in_their_text() -> None:
+    filters = FilterSet()
+    validator = Validator()
+    assert filters.propose(_view("python3 worker <int> ok", ("python3 worker 12 ok",)), validator)
+    assert filters.propose(_view("comm <hex> nRanks <int>", ("comm 0x1f nRanks 8",), 2), validator)
+    lines = [
+        "python3 worker 12 ok",
+        "python4 worker 12 ok",
+        "comm 0x1f nRanks 8",
+        "comm 5x1f nRanks 8",
+    ]
+    for _ in range(3):  # the second and third rounds are served from the memo
+        hits = filters.match(lines)
+        assert [f.template_id if f else None for f in hits] == [1, None, 2, 2]
+    assert digit_blind(filters.filters[1].pattern)
+    assert not digit_blind(filters.filters[0].pattern)
+
+
+def test_filter_set_with_memo_agrees_with_each_pattern_alone() -> None:
+    patterns, every = _mined_filters()
+    lines = every[::4]
+    shifted = [line.translate(str.maketrans("0123456789", "1234567890")) for line in lines]
+    filters = FilterSet()
+    filters.filters = [Filter(i + 1, i, "", p) for i, p in enumerate(patterns)]
+    alone = [regex.compile(p) for p in patterns]
+    for _ in range(2):
+        for chunk in (lines, shifted):
+            for line, f in zip(chunk, filters.match(chunk), strict=True):
+                if f is None:
+                    assert not any(p.fullmatch(line) for p in alone), line
+                else:
+                    assert alone[f.template_id].fullmatch(line), line
