@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from re import _constants as sre  # type: ignore[attr-defined]
-from re import _parser as sre_parse  # type: ignore[attr-defined]
+from re import _constants as sre  # type: ignore[attr-defined,unused-ignore]
+from re import _parser as sre_parse  # type: ignore[attr-defined,unused-ignore]
 from typing import Any
 
 import regex

@@ -145,7 +145,9 @@ def test_traceback_continuation_spans_batches() -> None:
     second = guard.scan(['  File "train.py", line 3, in <module>', "    main()"], state)
     third = guard.scan(["KeyError: 'LOCAL_RANK'", "step 2 ok"], state)
     assert first == {1: GuardReason.RULE}  # the rule pack's traceback trigger
-    assert second == {0: GuardReason.BLOCK, 1: GuardReason.BLOCK}
+    # Every frame is kept: as part of the open block, or because a rule flags a frame line itself.
+    assert set(second) == {0, 1}
+    assert second[1] is GuardReason.BLOCK
     assert set(third) == {0}
     assert state.open == {}
 
