@@ -184,6 +184,18 @@ def apply(row: DiagnosisRow, verdict: Verdict, digest: str) -> None:
     row.summary = verdict.summary
 
 
+BENIGN_EXIT_SIGNALS = frozenset({"SIGTERM", "SIGINT"})
+"""A scheduler's cancel or preemption, or a person's Ctrl-C: an ending, not a failure."""
+
+
+def _abnormal(event: LifecycleEvent) -> bool:
+    if event.kind != "exited":
+        return False
+    if event.signal is not None:
+        return event.signal not in BENIGN_EXIT_SIGNALS
+    return event.exit_code not in (None, 0)
+
+
 class DiagnosisFlow:
     def __init__(
         self,
@@ -281,6 +293,8 @@ class DiagnosisFlow:
                 except Exception:
                     logger.exception("ending job %s's earlier attempt failed", job_id)
             self.stage.record_lifecycle(job_id, event)
+            if _abnormal(event) and self.stage.ended(job_id):
+                await self._abnormal_exit(job_id, event)
             return
         try:
             async with self._job_lock(job_id):
@@ -294,6 +308,38 @@ class DiagnosisFlow:
         except Exception:  # the restart must still begin: the next commit settles again
             logger.exception("settling job %s before its restart failed", job_id)
         self.stage.record_lifecycle(job_id, event)
+
+    async def _abnormal_exit(self, job_id: str, event: LifecycleEvent) -> None:
+        """The job ended with an abnormal exit and nothing explains it yet: never silent.
+
+        Only once every process has exited: while others still run, the hang detector watches
+        them and names a node whose launcher failed as the suspect.
+
+        The job gets an `inconclusive` / `escalate` diagnosis naming the exit, which the LLM
+        stage (when configured) looks at with the job's trace. When the job already has an open
+        incident, or a rule explains the exit once the last lines arrive, that one stands: the
+        exit is only a symptom of it.
+        """
+        ruleset = self.stage.ruleset(job_id)
+        digest = ruleset.digest if ruleset is not None else ""
+        how = f"signal {event.signal}" if event.signal else f"exit code {event.exit_code}"
+        where = f"on {event.node}" if event.node else "(job launcher)"
+        verdict = Verdict(
+            Status.INCONCLUSIVE,
+            Action.ESCALATE,
+            failure_type="abnormal_exit",
+            category=Category.FRAMEWORK,
+            confidence=0.3,
+            summary=f"A process {where} exited with {how} and no rule explains why: escalate.",
+        )
+        try:
+            async with self._job_lock(job_id):
+                async with self.sessions.begin() as session:
+                    if await active_for_job(session, job_id) is not None:
+                        return
+                await self._store(job_id, verdict, digest)
+        except Exception:
+            logger.exception("could not record job %s's abnormal exit", job_id)
 
     @asynccontextmanager
     async def _job_lock(self, job_id: str) -> AsyncIterator[None]:

@@ -218,6 +218,13 @@ class DiagnosisStage:
         state.checked_since = None
         self._file(job_id, state)
 
+    def ended(self, job_id: str) -> bool:
+        """Every process of the job has exited, as far as its launchers told (heartbeats aside)."""
+        state = self.jobs.get(job_id)
+        if state is None or state.lifecycle is None:
+            return False
+        return not state.lifecycle.running(self.clock(), float("inf"), state.nodes)
+
     def is_restart(self, job_id: str, event: hang.LifecycleEvent) -> bool:
         state = self.jobs.get(job_id)
         if state is None or not state.last_line_at:

@@ -169,3 +169,31 @@ def test_the_same_trace_on_another_job_costs_no_call(service_with: Any) -> None:
         diagnosis = wait_for_llm(service, only_diagnosis(second))
     assert len(llm.completions) == calls
     assert diagnosis["source"] == "llm"
+
+
+def test_an_abnormal_exit_no_rule_explains_is_escalated_and_asked(service_with: Any) -> None:
+    with scripted_llm([Reply(answer(evidence=[2]))]) as llm:
+        service = service_with(llm)
+        post_text(service, "job-7", "gpu-1", "[rank0]: iteration 100/1000 | lm loss 2.3\n")
+        exited = httpx.post(
+            f"{service.base_url}/v1/jobs/job-7/events",
+            json={"type": "exited", "node": "gpu-1", "exit_code": 3},
+            timeout=10,
+        )
+        assert exited.status_code == 201, exited.text
+        cancelled = httpx.post(
+            f"{service.base_url}/v1/jobs/job-8/events",
+            json={"type": "exited", "node": "gpu-1", "signal": "SIGTERM"},
+            timeout=10,
+        )
+        assert cancelled.status_code == 201, cancelled.text
+        listed = httpx.get(f"{service.base_url}/v1/jobs/job-7/diagnoses", timeout=10).json()
+        (first,) = listed["diagnoses"]
+        diagnosis = wait_for_llm(service, first["id"])
+        cancelled_job = httpx.get(f"{service.base_url}/v1/jobs/job-8/diagnoses", timeout=10)
+    prompt = llm.completions[0]["messages"][1]["content"]
+    assert "node=gpu-1 | process exited with exit code 3" in prompt
+    assert diagnosis["source"] == "llm", "the exit was escalated, and the vote decided it"
+    assert diagnosis["llm"]["evidence"][0]["text"] == "process exited with exit code 3"
+    body = cancelled_job.json()
+    assert body["diagnoses"] == []
