@@ -8,6 +8,10 @@ then orders by evidence class, not by time.
 Files do not say whether their job is still running either. `stalled_for` is the caller's
 observation that it is, and that the logs have not advanced for that many seconds (on a live
 job: now minus the files' modification time); only with it can a hang be diagnosed.
+
+When the rules end in `escalate` and an LLM is configured, `consult` asks it as the live stage
+does (diagnosis/trace.py's trace of the rule events and the files' last lines, redacted, k
+samples, the same threshold) and applies the vote by the flow's rule; no database, no cache.
 """
 
 from __future__ import annotations
@@ -15,17 +19,19 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from diagnoser.diagnosis.correlate import Status, Verdict, correlate
+from diagnoser.config import LlmSettings
+from diagnoser.diagnosis.correlate import Source, Status, Verdict, correlate
 from diagnoser.diagnosis.hang import DEFAULT_TIMEOUT_S, NodeTail, TailLine, finished, hang_verdict
 from diagnoser.diagnosis.progress import Progress
+from diagnoser.diagnosis.trace import Trace, assemble
 from diagnoser.ingest.framing import Framer, LineBatch
 from diagnoser.ingest.prefixes import LineHosts, host_of
-from diagnoser.rules import Category, JobScanner, RuleEvent, RuleSet
+from diagnoser.rules import Action, Category, JobScanner, RuleEvent, RuleSet
 
 READ_BYTES = 256 * 1024
 TAIL_LINES = 5
@@ -67,6 +73,45 @@ class OfflineResult:
     """Node name -> the (first) file its lines came from, to point evidence at a file."""
     origins: Mapping[EventKey, Origin] = field(default_factory=dict)
     """Per event: its file, and how its node was named."""
+    events: tuple[RuleEvent, ...] = ()
+    tails: tuple[NodeTail, ...] = ()
+    progress: Mapping[str, int] | None = None
+    llm: Mapping[str, Any] | None = None
+    """The LLM's vote record (decided or not) when one was asked, as the service stores it."""
+
+    @property
+    def unresolved(self) -> bool:
+        """The rules leave it to a human: what the LLM is asked about."""
+        return self.verdict.action is Action.ESCALATE and self.verdict.source is not Source.LLM
+
+    def trace(self, job_id: str) -> Trace:
+        """What the LLM is shown: the live stage's trace, from the files' events and tails."""
+        return assemble(job_id, self.events, self.tails, (), self.progress, frozenset(self.files))
+
+    def with_llm(self, record: Mapping[str, Any]) -> OfflineResult:
+        """The vote kept, and applied as the flow applies it: only decided, only when it is
+        more than an escalation; the rules' evidence stays the evidence."""
+        decides = (
+            record.get("decided") is True
+            and record.get("action") != Action.ESCALATE.value
+            and self.unresolved
+        )
+        if not decides:
+            return replace(self, llm=record)
+        k = int(record["k"])
+        confidence = float(record["confidence"])
+        verdict = replace(
+            self.verdict,
+            status=Status.FAILURE,
+            action=Action(record["action"]),
+            failure_type=record["failure_type"],
+            category=Category(record["category"]),
+            culprit_nodes=tuple(record["culprit_nodes"]),
+            confidence=confidence,
+            source=Source.LLM,
+            summary=f"LLM ({round(confidence * k)} of {k} samples agree): {record['summary']}",
+        )
+        return replace(self, verdict=verdict, llm=record)
 
     def origin(self, event: RuleEvent) -> Origin | None:
         found = self.origins.get(_key(event))
@@ -150,6 +195,7 @@ class OfflineResult:
             "culprit_reason": self.culprit_reason(),
             "xid": entities.get("xid"),
             "pci": entities.get("pci"),
+            "votes": dict(self.llm) if self.llm is not None else None,
         }
 
 
@@ -317,4 +363,45 @@ def diagnose(
         and not finished(tails)
     ):
         verdict = hang_verdict(stalled_for, tails, progress.as_record())
-    return OfflineResult(verdict, seen.nodes, seen.origins)
+    return OfflineResult(
+        verdict, seen.nodes, seen.origins, tuple(events), tuple(tails), progress.as_record()
+    )
+
+
+async def consult(
+    result: OfflineResult, settings: LlmSettings, job_id: str
+) -> tuple[OfflineResult, str | None]:
+    """The result with the LLM's vote applied, and why the LLM could not be asked, if so.
+
+    Only an unresolved result with something to show is asked. An endpoint that is down, or
+    a prompt that cannot be rendered, leaves the result as the rules made it.
+    """
+    # Imported here: a rules-only run (no LLM configured) need not load the openai client.
+    from diagnoser.llm.client import LlmClient
+    from diagnoser.llm.prompt import Prompts
+    from diagnoser.llm.redaction import Redactor
+    from diagnoser.llm.sampling import ask, vote_record
+
+    if not result.unresolved or not settings.enabled:
+        return result, None
+    trace = result.trace(job_id).redacted(Redactor(settings.redact_patterns))
+    if not trace.lines:
+        return result, None
+    messages = Prompts(settings.prompts_dir).diagnose(
+        job_id, trace.lines, version=settings.prompt_version
+    )
+    client = LlmClient(settings)
+    try:
+        asked = await ask(
+            client,
+            messages,
+            trace.checkable,
+            k=settings.samples,
+            min_agreement=settings.min_agreement,
+            temperature=settings.temperature,
+        )
+    finally:
+        await client.aclose()
+    if not asked.reached:
+        return result, asked.failure
+    return result.with_llm(vote_record(asked, trace.lines, settings)), None

@@ -22,6 +22,7 @@ import regex
 from diagnoser.diagnosis.hang import LifecycleEvent, NodeTail
 from diagnoser.llm.answer import TraceLines
 from diagnoser.llm.prompt import PromptLine
+from diagnoser.llm.redaction import Redactor
 from diagnoser.rules import RuleEvent
 
 DEFAULT_BUDGET_CHARS = 12_000
@@ -62,6 +63,16 @@ class Trace:
         for line in self.lines:
             digest.update(f"{line.node}\t{masked(line.text)}\n".encode())
         return digest.hexdigest()
+
+    def redacted(self, redactor: Redactor) -> Trace:
+        """The trace as it may leave the process: every line's secrets replaced."""
+        lines = tuple(
+            PromptLine(
+                ln.number, ln.node, ln.rank, redactor.redact(ln.text).text, ln.count, ln.flagged
+            )
+            for ln in self.lines
+        )
+        return Trace(self.job_id, lines, self.nodes, self.dropped)
 
     def to_json(self) -> dict[str, object]:
         return {
