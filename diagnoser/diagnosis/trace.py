@@ -123,6 +123,8 @@ class _Candidate:
     rank: int | None
     text: str
     count: int = 1
+    nodes: frozenset[str] = frozenset()
+    """The nodes whose own line this is (a collapsed storm: all of them)."""
 
 
 def assemble(
@@ -134,7 +136,12 @@ def assemble(
     nodes: frozenset[str] = frozenset(),
     budget_chars: int = DEFAULT_BUDGET_CHARS,
 ) -> Trace:
-    candidates = _event_lines(events) + _exit_lines(exits) + _tail_lines(tails)
+    event_lines = _event_lines(events)
+    shown = {(events_node, c.order[1], c.text) for c in event_lines for events_node in c.nodes}
+    fresh_tails = [
+        c for c in _tail_lines(tails) if (c.node, c.order[1], c.text) not in shown
+    ]  # a node's last line that is its failure line already is not shown twice
+    candidates = event_lines + _exit_lines(exits) + fresh_tails
     if progress:
         text = ", ".join(f"{key} {value}" for key, value in sorted(progress.items()))
         candidates.append(_Candidate(2, (float("inf"), 0, 0), LAUNCHER, None, f"progress: {text}"))
@@ -169,7 +176,9 @@ def _event_lines(events: Sequence[RuleEvent]) -> list[_Candidate]:
         context = first.evidence[-CONTEXT_PER_EVENT:]
         for back, text in enumerate(context):
             order = (first.time, first.line_no - len(context) + back, back)
-            out.append(_Candidate(3, order, first.node, first.rank, _cut(text)))
+            out.append(
+                _Candidate(3, order, first.node, first.rank, _cut(text), 1, frozenset({first.node}))
+            )
         out.append(
             _Candidate(
                 0 if index == 0 else 1,
@@ -178,6 +187,7 @@ def _event_lines(events: Sequence[RuleEvent]) -> list[_Candidate]:
                 first.rank if len(ranks) == 1 else None,
                 _cut(first.text),
                 len(members),
+                frozenset(nodes),
             )
         )
     return out
