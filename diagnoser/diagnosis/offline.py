@@ -144,6 +144,8 @@ class OfflineResult:
 
     def _reason(self, node: str) -> str:
         verdict, root = self.verdict, self.verdict.root
+        if verdict.source is Source.LLM and self.llm is not None:
+            return self._llm_reason(node, self.llm)
         if root is not None and root.entities.get("host") == node:
             return (
                 f"{node}: torchrun's root-cause report (line {root.line_no} of "
@@ -162,6 +164,17 @@ class OfflineResult:
             why = "its evidence"
         where = f"{event.rule_id}, line {event.line_no} of {self._file(event)}"
         return f"{node}: {why} ({where}); {self._named(event, node)}"
+
+    @staticmethod
+    def _llm_reason(node: str, record: Mapping[str, Any]) -> str:
+        """The vote named it; the answer check let it through only on its own cited lines."""
+        k = int(record["k"])
+        agree = round(float(record["confidence"]) * k)
+        cited = [e for e in record.get("evidence") or [] if e.get("node") == node]
+        why = f"{node}: {agree} of {k} LLM samples name it"
+        if not cited:
+            return f"{why}."
+        return f"{why}, citing its own line {cited[0]['text']!r}."
 
     def _file(self, event: RuleEvent) -> str:
         origin = self.origin(event)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -155,3 +156,35 @@ def test_rules_only_when_asked_or_when_the_rules_decide(tmp_path: Path) -> None:
     assert decided["source"] != "llm"
     assert decided["votes"] is None
     assert llm.completions == [], "nothing unresolved was sent"
+
+
+def cite_failure_line(body: dict[str, Any]) -> Reply:
+    """A hardware answer that cites the numbered line of gpu-1's own failure, as the prompt
+    shows it."""
+    prompt = body["messages"][1]["content"]
+    found = re.search(r"^\[(\d+)\] node=gpu-1\b[^|]*\| FluxCapacitorError", prompt, re.MULTILINE)
+    assert found is not None, prompt
+    return Reply(
+        answer(
+            category="hardware",
+            action="cordon_node_and_restart",
+            failure_type="flux_capacitor_fault",
+            culprit_nodes=["gpu-1"],
+            evidence=[int(found[1])],
+        )
+    )
+
+
+def test_a_decided_cordon_names_the_node_its_own_lines_show(tmp_path: Path) -> None:
+    logs = [
+        write(tmp_path, "gpu-1.log", UNKNOWN_FAILURE),
+        write(tmp_path, "gpu-2.log", HEALTHY_LINE),
+    ]
+    with scripted_llm([cite_failure_line]) as llm:
+        body = as_json(diagnose(llm, *logs, "--json"))
+    assert body["action"] == "cordon_node_and_restart"
+    assert body["culprit_nodes"] == ["gpu-1"]
+    assert body["source"] == "llm"
+    assert body["votes"]["evidence"][0]["node"] == "gpu-1"
+    assert body["culprit_reason"].startswith("gpu-1: 4 of 5 LLM samples name it, citing")
+    assert "FluxCapacitorError" in body["culprit_reason"]
