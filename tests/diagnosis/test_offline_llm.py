@@ -1,4 +1,5 @@
-"""`diagnoser diagnose` with an LLM configured: a child process against a scripted LLM over HTTP."""
+"""`diagnoser diagnose` with an LLM configured: a child process against a scripted LLM over HTTP
+(exact cases) and a real local model (mechanics)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.api.test_llm_stage import INJECTION, UNKNOWN_FAILURE, answer
+from tests.llm.local_model import local_model
 from tests.llm.scripted_llm import Fail, Reply, ScriptedLlm, scripted_llm
 from tests.servers import free_port, run_diagnoser
 
@@ -188,3 +190,30 @@ def test_a_decided_cordon_names_the_node_its_own_lines_show(tmp_path: Path) -> N
     assert body["votes"]["evidence"][0]["node"] == "gpu-1"
     assert body["culprit_reason"].startswith("gpu-1: 4 of 5 LLM samples name it, citing")
     assert "FluxCapacitorError" in body["culprit_reason"]
+
+
+def test_a_real_model_votes_offline_and_every_vote_is_checked(tmp_path: Path) -> None:
+    """SmolLM2-135M over llama.cpp's server: the mechanics end to end, never its skill."""
+    logs = [write(tmp_path, "gpu-1.log", INJECTION), write(tmp_path, "gpu-2.log", HEALTHY_LINE)]
+    with local_model() as url:
+        body = as_json(
+            diagnose(
+                url,
+                *logs,
+                "--json",
+                DIAGNOSER_LLM__MODEL="smollm2",
+                DIAGNOSER_LLM__SAMPLES="3",
+                DIAGNOSER_LLM__MIN_AGREEMENT="0.67",
+                DIAGNOSER_LLM__TIMEOUT_S="120",
+            )
+        )
+    votes = body["votes"]
+    assert votes["k"] == 3
+    assert 2 <= votes["asked"] <= 3
+    assert sum(votes["votes"].values()) == votes["asked"]
+    assert votes["output_mode"] == "json_schema"
+    assert votes["tokens_in"] > 0
+    assert votes["tokens_out"] > 0
+    assert "gpu-2" not in body["culprit_nodes"], "gpu-2's only line is healthy"
+    if body["source"] != "llm":
+        assert body["action"] == "escalate"
