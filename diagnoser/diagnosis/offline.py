@@ -386,8 +386,9 @@ async def consult(
 ) -> tuple[OfflineResult, str | None]:
     """The result with the LLM's vote applied, and why the LLM could not be asked, if so.
 
-    Only an unresolved result with something to show is asked. An endpoint that is down, or
-    a prompt that cannot be rendered, leaves the result as the rules made it.
+    Only an unresolved result with something to show is asked. An endpoint that cannot be
+    reached leaves the result as the rules made it; a prompt template or redaction pattern
+    that fails raises, for the caller to report.
     """
     # Imported here: a rules-only run (no LLM configured) need not load the openai client.
     from diagnoser.llm.client import LlmClient
