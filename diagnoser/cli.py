@@ -24,6 +24,8 @@ from diagnoser.config import Settings
 from diagnoser.store.database import DatabaseUrl, InvalidDatabaseUrlError, parse_database_url
 
 if TYPE_CHECKING:
+    from diagnoser.config import LlmSettings
+    from diagnoser.diagnosis.offline import OfflineResult
     from diagnoser.rules import RuleSet
 
 app = typer.Typer(
@@ -236,8 +238,14 @@ def diagnose(
             show_default=False,
         ),
     ] = None,
+    no_llm: Annotated[
+        bool,
+        typer.Option("--no-llm", help="Rules only, even when DIAGNOSER_LLM__BASE_URL names an LLM"),
+    ] = False,
 ) -> None:
-    """Diagnose log files in-process, no server: each file is one node's log."""
+    """Diagnose log files in-process, no server: each file is one node's log.
+
+    What the rules leave to a human (`escalate`) goes to the configured LLM, if any."""
     from diagnoser.diagnosis.offline import diagnose as run_diagnosis
     from diagnoser.diagnosis.offline import node_logs
     from diagnoser.diagnosis.report import render
@@ -271,6 +279,9 @@ def diagnose(
         hang_timeout=timeout,
         hang_action=Action(Settings().hang.action),
     )
+    llm = Settings().llm
+    if llm.enabled and not no_llm and result.unresolved:
+        result = _consult_llm(result, llm, job or "offline")
     if as_json:
         typer.echo(json.dumps(result.as_json(), ensure_ascii=False))
         return
@@ -278,6 +289,22 @@ def diagnose(
     if job:
         out.print(Text.assemble("job ", (job, "bold")))
     render(result, out)
+
+
+def _consult_llm(result: OfflineResult, llm: LlmSettings, job_id: str) -> OfflineResult:
+    """The LLM's vote on an unresolved result; when it cannot be had, the rules' result and
+    one line on stderr (the exit code stays that of the diagnosis)."""
+    import asyncio
+
+    from diagnoser.diagnosis.offline import consult
+
+    try:
+        consulted, failure = asyncio.run(consult(result, llm, job_id))
+    except Exception as exc:  # a broken prompt or pattern must not hide the rules' verdict
+        consulted, failure = result, f"{type(exc).__name__}: {exc}"
+    if failure is not None:
+        err.print(Text(f"note: the LLM could not be asked ({failure}); the verdict stays escalate"))
+    return consulted
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from diagnoser.diagnosis.report import vote_lines
+
 diagnoses_app = typer.Typer(help="Query diagnoses on a running server.", no_args_is_help=True)
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -203,7 +205,7 @@ def show(
     server: ServerOption = "http://127.0.0.1:8080",
     token: TokenOption = None,
 ) -> None:
-    """One diagnosis with its evidence."""
+    """One diagnosis with its evidence, and the LLM's vote when it was asked."""
     with _client(server, token) as client:
         item = _diagnosis(client, diagnosis_id)
     out.print(Text(item["summary"], style="bold"))
@@ -229,6 +231,9 @@ def show(
             Text(evidence["text"][:300]),
         )
     out.print(table)
+    if item.get("llm"):
+        for line in vote_lines(item["llm"]):
+            out.print(line)
 
 
 @diagnoses_app.command("watch")

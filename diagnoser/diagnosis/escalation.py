@@ -20,9 +20,9 @@ from diagnoser.diagnosis.trace import Trace
 from diagnoser.llm.answer import Abstention
 from diagnoser.llm.cache import Outcome, VerdictCache
 from diagnoser.llm.client import LlmClient
-from diagnoser.llm.prompt import PromptLine, Prompts
+from diagnoser.llm.prompt import Prompts
 from diagnoser.llm.redaction import Redactor
-from diagnoser.llm.sampling import Asked, ask
+from diagnoser.llm.sampling import Asked, ask, vote_record
 from diagnoser.store.database import Sessions
 from diagnoser.store.escalations import add_escalation, finish_escalation, pending_escalations
 from diagnoser.store.models import EscalationRow, utcnow
@@ -73,34 +73,7 @@ def _transport(abstention: Abstention) -> bool:
 
 def record(asked: Asked, trace: Trace, settings: LlmSettings) -> dict[str, Any]:
     """The verdict as stored with the diagnosis: the vote, its evidence lines, and its cost."""
-    verdict = asked.verdict
-    by_number = {line.number: line for line in trace.lines}
-    return {
-        "decided": verdict.decided,
-        "category": verdict.category.value if verdict.category else None,
-        "action": verdict.action.value,
-        "failure_type": verdict.failure_type,
-        "culprit_nodes": list(verdict.culprit_nodes),
-        "summary": verdict.summary,
-        "mitigation": verdict.mitigation,
-        "confidence": verdict.confidence,
-        "votes": verdict.votes,
-        "k": settings.samples,
-        "asked": verdict.asked,
-        "min_agreement": settings.min_agreement,
-        "abstentions": [s.reason for s in asked.samples if isinstance(s, Abstention)][:10],
-        "evidence": [
-            {"line": n, "node": by_number[n].node, "text": by_number[n].text}
-            for n in verdict.evidence
-            if n in by_number
-        ],
-        "model": settings.model,
-        "prompt_version": settings.prompt_version,
-        "output_mode": asked.mode,
-        "tokens_in": asked.tokens_in,
-        "tokens_out": asked.tokens_out,
-        "latency_s": round(asked.latency_s, 3),
-    }
+    return vote_record(asked, trace.lines, settings)
 
 
 class Escalator:
@@ -138,18 +111,7 @@ class Escalator:
         return escalation_id
 
     def redact(self, trace: Trace) -> Trace:
-        lines = tuple(
-            PromptLine(
-                ln.number,
-                ln.node,
-                ln.rank,
-                self.redactor.redact(ln.text).text,
-                ln.count,
-                ln.flagged,
-            )
-            for ln in trace.lines
-        )
-        return Trace(trace.job_id, lines, trace.nodes, trace.dropped)
+        return trace.redacted(self.redactor)
 
     async def run(self) -> None:
         """Workers plus the sweep of pending escalations (at start: what a restart left)."""
@@ -185,10 +147,7 @@ class Escalator:
                     temperature=self.settings.temperature,
                 )
                 self.counts.observe(asked)
-                reached = asked.calls > 0 and not all(
-                    isinstance(s, Abstention) and _transport(s) for s in asked.samples
-                )
-                return Outcome(record(asked, trace, self.settings), cacheable=reached)
+                return Outcome(record(asked, trace, self.settings), cacheable=asked.reached)
 
             result = await self.cache.get_or_ask(
                 fingerprint, self.settings.model, self.settings.prompt_version, ask_llm

@@ -8,6 +8,10 @@ then orders by evidence class, not by time.
 Files do not say whether their job is still running either. `stalled_for` is the caller's
 observation that it is, and that the logs have not advanced for that many seconds (on a live
 job: now minus the files' modification time); only with it can a hang be diagnosed.
+
+When the rules end in `escalate` and an LLM is configured, `consult` asks it as the live stage
+does (diagnosis/trace.py's trace of the rule events and the files' last lines, redacted, k
+samples, the same threshold) and applies the vote by the flow's rule; no database, no cache.
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from diagnoser.diagnosis.correlate import Status, Verdict, correlate
+from diagnoser.config import LlmSettings
+from diagnoser.diagnosis.correlate import Source, Status, Verdict, correlate
 from diagnoser.diagnosis.hang import (
     DEFAULT_ACTION,
     DEFAULT_TIMEOUT_S,
@@ -30,6 +35,7 @@ from diagnoser.diagnosis.hang import (
     hang_verdict,
 )
 from diagnoser.diagnosis.progress import Progress
+from diagnoser.diagnosis.trace import Trace, assemble
 from diagnoser.ingest.framing import Framer, LineBatch
 from diagnoser.ingest.prefixes import LineHosts, host_of
 from diagnoser.rules import Action, Category, JobScanner, RuleEvent, RuleSet
@@ -74,6 +80,45 @@ class OfflineResult:
     """Node name -> the (first) file its lines came from, to point evidence at a file."""
     origins: Mapping[EventKey, Origin] = field(default_factory=dict)
     """Per event: its file, and how its node was named."""
+    events: tuple[RuleEvent, ...] = ()
+    tails: tuple[NodeTail, ...] = ()
+    progress: Mapping[str, int] | None = None
+    llm: Mapping[str, Any] | None = None
+    """The LLM's vote record (decided or not) when one was asked, as the service stores it."""
+
+    @property
+    def unresolved(self) -> bool:
+        """The rules leave it to a human: what the LLM is asked about."""
+        return self.verdict.action is Action.ESCALATE and self.verdict.source is not Source.LLM
+
+    def trace(self, job_id: str) -> Trace:
+        """What the LLM is shown: the live stage's trace, from the files' events and tails."""
+        return assemble(job_id, self.events, self.tails, (), self.progress, frozenset(self.files))
+
+    def with_llm(self, record: Mapping[str, Any]) -> OfflineResult:
+        """The vote kept, and applied as the flow applies it: only decided, only when it is
+        more than an escalation; the rules' evidence stays the evidence."""
+        decides = (
+            record.get("decided") is True
+            and record.get("action") != Action.ESCALATE.value
+            and self.unresolved
+        )
+        if not decides:
+            return replace(self, llm=record)
+        k = int(record["k"])
+        confidence = float(record["confidence"])
+        verdict = replace(
+            self.verdict,
+            status=Status.FAILURE,
+            action=Action(record["action"]),
+            failure_type=record["failure_type"],
+            category=Category(record["category"]),
+            culprit_nodes=tuple(record["culprit_nodes"]),
+            confidence=confidence,
+            source=Source.LLM,
+            summary=f"LLM ({round(confidence * k)} of {k} samples agree): {record['summary']}",
+        )
+        return replace(self, verdict=verdict, llm=record)
 
     def origin(self, event: RuleEvent) -> Origin | None:
         found = self.origins.get(_key(event))
@@ -106,6 +151,8 @@ class OfflineResult:
 
     def _reason(self, node: str) -> str:
         verdict, root = self.verdict, self.verdict.root
+        if verdict.source is Source.LLM and self.llm is not None:
+            return self._llm_reason(node, self.llm)
         if root is not None and root.entities.get("host") == node:
             return (
                 f"{node}: torchrun's root-cause report (line {root.line_no} of "
@@ -124,6 +171,17 @@ class OfflineResult:
             why = "its evidence"
         where = f"{event.rule_id}, line {event.line_no} of {self._file(event)}"
         return f"{node}: {why} ({where}); {self._named(event, node)}"
+
+    @staticmethod
+    def _llm_reason(node: str, record: Mapping[str, Any]) -> str:
+        """The vote named it; the answer check let it through only on its own cited lines."""
+        k = int(record["k"])
+        agree = round(float(record["confidence"]) * k)
+        cited = [e for e in record.get("evidence") or [] if e.get("node") == node]
+        why = f"{node}: {agree} of {k} LLM samples name it"
+        if not cited:
+            return f"{why}."
+        return f"{why}, citing its own line {cited[0]['text']!r}."
 
     def _file(self, event: RuleEvent) -> str:
         origin = self.origin(event)
@@ -157,6 +215,7 @@ class OfflineResult:
             "culprit_reason": self.culprit_reason(),
             "xid": entities.get("xid"),
             "pci": entities.get("pci"),
+            "votes": dict(self.llm) if self.llm is not None else None,
         }
 
 
@@ -325,4 +384,46 @@ def diagnose(
         and not finished(tails)
     ):
         verdict = hang_verdict(stalled_for, tails, progress.as_record(), action=hang_action)
-    return OfflineResult(verdict, seen.nodes, seen.origins)
+    return OfflineResult(
+        verdict, seen.nodes, seen.origins, tuple(events), tuple(tails), progress.as_record()
+    )
+
+
+async def consult(
+    result: OfflineResult, settings: LlmSettings, job_id: str
+) -> tuple[OfflineResult, str | None]:
+    """The result with the LLM's vote applied, and why the LLM could not be asked, if so.
+
+    Only an unresolved result with something to show is asked. An endpoint that cannot be
+    reached leaves the result as the rules made it; a prompt template or redaction pattern
+    that fails raises, for the caller to report.
+    """
+    # Imported here: a rules-only run (no LLM configured) need not load the openai client.
+    from diagnoser.llm.client import LlmClient
+    from diagnoser.llm.prompt import Prompts
+    from diagnoser.llm.redaction import Redactor
+    from diagnoser.llm.sampling import ask, vote_record
+
+    if not result.unresolved or not settings.enabled:
+        return result, None
+    trace = result.trace(job_id).redacted(Redactor(settings.redact_patterns))
+    if not trace.lines:
+        return result, None
+    messages = Prompts(settings.prompts_dir).diagnose(
+        job_id, trace.lines, version=settings.prompt_version
+    )
+    client = LlmClient(settings)
+    try:
+        asked = await ask(
+            client,
+            messages,
+            trace.checkable,
+            k=settings.samples,
+            min_agreement=settings.min_agreement,
+            temperature=settings.temperature,
+        )
+    finally:
+        await client.aclose()
+    if not asked.reached:
+        return result, asked.failure
+    return result.with_llm(vote_record(asked, trace.lines, settings)), None

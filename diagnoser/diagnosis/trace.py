@@ -22,6 +22,7 @@ import regex
 from diagnoser.diagnosis.hang import LifecycleEvent, NodeTail
 from diagnoser.llm.answer import TraceLines
 from diagnoser.llm.prompt import PromptLine
+from diagnoser.llm.redaction import Redactor
 from diagnoser.rules import RuleEvent
 
 DEFAULT_BUDGET_CHARS = 12_000
@@ -62,6 +63,16 @@ class Trace:
         for line in self.lines:
             digest.update(f"{line.node}\t{masked(line.text)}\n".encode())
         return digest.hexdigest()
+
+    def redacted(self, redactor: Redactor) -> Trace:
+        """The trace as it may leave the process: every line's secrets replaced."""
+        lines = tuple(
+            PromptLine(
+                ln.number, ln.node, ln.rank, redactor.redact(ln.text).text, ln.count, ln.flagged
+            )
+            for ln in self.lines
+        )
+        return Trace(self.job_id, lines, self.nodes, self.dropped)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -112,6 +123,8 @@ class _Candidate:
     rank: int | None
     text: str
     count: int = 1
+    nodes: frozenset[str] = frozenset()
+    """The nodes whose own line this is (a collapsed storm: all of them)."""
 
 
 def assemble(
@@ -123,7 +136,12 @@ def assemble(
     nodes: frozenset[str] = frozenset(),
     budget_chars: int = DEFAULT_BUDGET_CHARS,
 ) -> Trace:
-    candidates = _event_lines(events) + _exit_lines(exits) + _tail_lines(tails)
+    event_lines = _event_lines(events)
+    shown = {(events_node, c.order[1], c.text) for c in event_lines for events_node in c.nodes}
+    fresh_tails = [
+        c for c in _tail_lines(tails) if (c.node, c.order[1], c.text) not in shown
+    ]  # a node's last line that is its failure line already is not shown twice
+    candidates = event_lines + _exit_lines(exits) + fresh_tails
     if progress:
         text = ", ".join(f"{key} {value}" for key, value in sorted(progress.items()))
         candidates.append(_Candidate(2, (float("inf"), 0, 0), LAUNCHER, None, f"progress: {text}"))
@@ -158,7 +176,9 @@ def _event_lines(events: Sequence[RuleEvent]) -> list[_Candidate]:
         context = first.evidence[-CONTEXT_PER_EVENT:]
         for back, text in enumerate(context):
             order = (first.time, first.line_no - len(context) + back, back)
-            out.append(_Candidate(3, order, first.node, first.rank, _cut(text)))
+            out.append(
+                _Candidate(3, order, first.node, first.rank, _cut(text), 1, frozenset({first.node}))
+            )
         out.append(
             _Candidate(
                 0 if index == 0 else 1,
@@ -167,6 +187,7 @@ def _event_lines(events: Sequence[RuleEvent]) -> list[_Candidate]:
                 first.rank if len(ranks) == 1 else None,
                 _cut(first.text),
                 len(members),
+                frozenset(nodes),
             )
         )
     return out

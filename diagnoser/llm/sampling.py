@@ -14,10 +14,12 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from diagnoser.config import LlmSettings
 from diagnoser.llm.answer import Abstention, Answer, TraceLines, check
-from diagnoser.llm.client import Completion, LlmClient, LlmUnavailableError
-from diagnoser.llm.prompt import answer_schema
+from diagnoser.llm.client import TRANSPORT_ERRORS, Completion, LlmClient, LlmUnavailableError
+from diagnoser.llm.prompt import PromptLine, answer_schema
 from diagnoser.llm.voting import Verdict, decided, needed, tally
 
 
@@ -31,6 +33,22 @@ class Asked:
     latency_s: float
     mode: str
     """The structured-output mode the server ended up accepting."""
+
+    @property
+    def reached(self) -> bool:
+        """The endpoint answered at least once (a bad answer counts; a failed call does not)."""
+        return self.calls > 0 and not all(
+            isinstance(s, Abstention) and s.reason.startswith(TRANSPORT_ERRORS)
+            for s in self.samples
+        )
+
+    @property
+    def failure(self) -> str | None:
+        """Why the endpoint was not reached (the last transport error), when it was not."""
+        if self.reached:
+            return None
+        reasons = [s.reason for s in self.samples if isinstance(s, Abstention)]
+        return reasons[-1] if reasons else "circuit breaker open"
 
 
 async def ask(
@@ -83,3 +101,35 @@ async def ask(
 
 def abstentions(samples: Sequence[Answer | Abstention]) -> list[str]:
     return [s.reason for s in samples if isinstance(s, Abstention)]
+
+
+def vote_record(asked: Asked, lines: Sequence[PromptLine], settings: LlmSettings) -> dict[str, Any]:
+    """The vote as kept with a diagnosis (and shown offline): outcome, tally, evidence, cost."""
+    verdict = asked.verdict
+    by_number = {line.number: line for line in lines}
+    return {
+        "decided": verdict.decided,
+        "category": verdict.category.value if verdict.category else None,
+        "action": verdict.action.value,
+        "failure_type": verdict.failure_type,
+        "culprit_nodes": list(verdict.culprit_nodes),
+        "summary": verdict.summary,
+        "mitigation": verdict.mitigation,
+        "confidence": verdict.confidence,
+        "votes": verdict.votes,
+        "k": settings.samples,
+        "asked": verdict.asked,
+        "min_agreement": settings.min_agreement,
+        "abstentions": abstentions(asked.samples)[:10],
+        "evidence": [
+            {"line": n, "node": by_number[n].node, "text": by_number[n].text}
+            for n in verdict.evidence
+            if n in by_number
+        ],
+        "model": settings.model,
+        "prompt_version": settings.prompt_version,
+        "output_mode": asked.mode,
+        "tokens_in": asked.tokens_in,
+        "tokens_out": asked.tokens_out,
+        "latency_s": round(asked.latency_s, 3),
+    }

@@ -84,3 +84,22 @@ def test_a_trace_survives_a_json_round_trip() -> None:
     trace = assemble("job", [event("gpu-3", 5, "RuntimeError: boom", 2.0)])
     again = Trace.from_json(trace.to_json())
     assert again == trace
+
+
+def test_a_failure_line_that_is_also_a_last_line_is_shown_once_and_flagged() -> None:
+    failure = event("gpu-1", 0, "FluxCapacitorError: drifted", 0.0, line_no=12)
+    tail = NodeTail(
+        "gpu-1",
+        [
+            TailLine('  File "train.py", line 7', 11, 0),
+            TailLine("FluxCapacitorError: drifted", 12, 0),
+            TailLine("shutting down", 13, 0),
+        ],
+    )
+    trace = assemble("job", [failure], tails=[tail])
+    texts = [line.text for line in trace.lines]
+    assert texts.count("FluxCapacitorError: drifted") == 1
+    assert texts.count('  File "train.py", line 7') == 1
+    assert "shutting down" in texts
+    [shown] = [line for line in trace.lines if line.text == "FluxCapacitorError: drifted"]
+    assert shown.flagged, "the copy a model cites is the one a cordon may rest on"
