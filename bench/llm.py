@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import hashlib
 import importlib.util
-import json
 import os
 import platform
 import shlex
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import regex
 import sqlalchemy
 from processes import cpu_seconds, free_port, machine_busy_seconds, wait_for_health
 from rich.console import Console
@@ -211,13 +211,17 @@ async def post_all(
             params: dict[str, str | int] = {"node": node}
             if rank is not None:
                 params["rank"] = rank
-            async with limit:
-                response = await client.post(
-                    f"{base}/v1/jobs/{job}/logs",
-                    params=params,
-                    content=text.encode(),
-                    headers={"Content-Type": "text/plain"},
-                )
+            for _ in range(20):
+                async with limit:
+                    response = await client.post(
+                        f"{base}/v1/jobs/{job}/logs",
+                        params=params,
+                        content=text.encode(),
+                        headers={"Content-Type": "text/plain"},
+                    )
+                if response.status_code != 429:  # busy: sent again, as a shipper does
+                    break
+                await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
             response.raise_for_status()
             return response.json()
 
@@ -243,6 +247,12 @@ def wait_for_records(base_url: str, ids: set[str], timeout_s: float) -> float:
         time.sleep(0.02)
     missing = [i for i in ids if not llm_records(base_url).get(i)]
     raise TimeoutError(f"{len(missing)} of {len(ids)} diagnoses without an LLM record")
+
+
+def own_cpu_seconds() -> float:
+    """This process (the bench, with the scripted LLM's thread): user + system."""
+    times = os.times()
+    return times.user + times.system
 
 
 # --- 1. throughput ------------------------------------------------------------------------
@@ -282,6 +292,7 @@ def throughput_service(jobs: int, workers: int, latency_s: float, run_id: str) -
             for i in range(jobs)
         ]
         cpu0 = cpu_seconds(service.process.pid)
+        own0 = own_cpu_seconds()
         busy0 = machine_busy_seconds()
         started = time.perf_counter()
         answers = asyncio.run(post_all(posts))
@@ -290,7 +301,7 @@ def throughput_service(jobs: int, workers: int, latency_s: float, run_id: str) -
             raise RuntimeError(f"{jobs} jobs posted, {len(ids)} diagnoses")
         ended = wait_for_records(service.base_url, ids, 120 + jobs)
         server_cpu = cpu_seconds(service.process.pid) - cpu0
-        other = machine_busy_seconds() - busy0 - server_cpu
+        other = machine_busy_seconds() - busy0 - server_cpu - (own_cpu_seconds() - own0)
         records = llm_records(service.base_url)
         decided = sum(1 for i in ids if (records.get(i) or {}).get("decided") is True)
         calls = len(llm.completions)
@@ -355,28 +366,37 @@ class StormRow:
     replicas: int
     quiet_s: float
     ranks: int
+    agree: bool
     calls: int
     rounds: int
     """`llm_verdicts` rows: questions asked (one per fingerprint)."""
     escalations: int
     diagnoses: int
+    posted_s: float
+    """From the first POST until the last answered (the storm's ingest)."""
     seconds: float
     """From the first POST until the diagnosis carries its LLM record."""
     decided: bool
-    distinct_prompts: int
+    asked_ranks: int
+    """The largest rank count on a collapsed line of any prompt sent: how much of the storm
+    the asked trace held."""
 
 
 def storm_posts(
-    bases: Sequence[str], job: str, ranks: int, lines: int, mirrored: bool
+    bases: Sequence[str], job: str, ranks: int, lines: int
 ) -> list[tuple[str, str, str, int | None, str]]:
-    posts: list[tuple[str, str, str, int | None, str]] = []
+    """One POST per rank stream; with several replicas, each node's streams go to one."""
     nodes = max(1, ranks // RANKS_PER_NODE)
-    for rank in range(ranks):
-        text = "\n".join(rank_log(rank, lines)) + "\n"
-        node_index = rank // RANKS_PER_NODE
-        targets = bases if mirrored else [bases[node_index * len(bases) // nodes]]
-        posts.extend((base, job, node_of(rank), rank, text) for base in targets)
-    return posts
+    return [
+        (
+            bases[(rank // RANKS_PER_NODE) * len(bases) // nodes],
+            job,
+            node_of(rank),
+            rank,
+            "\n".join(rank_log(rank, lines)) + "\n",
+        )
+        for rank in range(ranks)
+    ]
 
 
 def db_counts(url: str) -> tuple[int, int]:
@@ -391,6 +411,14 @@ def db_counts(url: str) -> tuple[int, int]:
         engine.dispose()
 
 
+def split_answer(seed: int) -> dict[str, Any]:
+    """3 of 5 seeds say user code, 2 say infrastructure: below the 4-of-5 threshold."""
+    answer = scripted_answer()
+    if seed % K >= 3:
+        answer |= {"category": "network", "action": "restart_job", "fault": "infrastructure"}
+    return answer
+
+
 def storm_run(
     name: str,
     ranks: int,
@@ -399,28 +427,31 @@ def storm_run(
     replicas: int,
     latency_s: float,
     database_url: str | None,
-    mirrored: bool = False,
+    agree: bool = True,
 ) -> StormRow:
-    from tests.llm.scripted_llm import Reply, scripted_llm
+    from tests.llm.scripted_llm import Reply, Step, scripted_llm
 
     job = f"storm-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
-    with scripted_llm([Reply(scripted_answer(), delay_s=latency_s)]) as llm:
+
+    def disagree(body: dict[str, Any]) -> Reply:
+        return Reply(split_answer(int(body.get("seed", 0))), delay_s=latency_s)
+
+    script: list[Step] = [Reply(scripted_answer(), delay_s=latency_s) if agree else disagree]
+    with scripted_llm(script) as llm:
         env = llm_env(llm, quiet_s, 2)
         if database_url is not None:
             env["DIAGNOSER_DB__URL"] = database_url
         with services(env, replicas) as running:
             bases = [s.base_url for s in running]
-            posts = storm_posts(bases, job, ranks, lines, mirrored)
+            posts = storm_posts(bases, job, ranks, lines)
             started = time.perf_counter()
             answers = asyncio.run(post_all(posts))
-            for base in bases:
-                httpx.post(
-                    f"{base}/v1/jobs/{job}/events",
-                    json={"type": "exited", "exit_code": 1},
-                    timeout=30,
-                ).raise_for_status()
-                if not mirrored:
-                    break  # the launcher tells one replica
+            httpx.post(
+                f"{bases[0]}/v1/jobs/{job}/events",
+                json={"type": "exited", "exit_code": 1},
+                timeout=30,
+            ).raise_for_status()
+            posted = time.perf_counter()
             ids = {str(d) for a in answers for d in a["diagnoses"]}
             ended = wait_for_records(bases[0], ids, 120 + quiet_s)
             # Later rounds (a trace that changed after the first ask) come within the quiet
@@ -432,24 +463,27 @@ def storm_run(
                 if len(llm.completions) != count:
                     count, since = len(llm.completions), time.monotonic()
             records = llm_records(bases[0], job)
-            url = database_url or f"sqlite:///{Path(running[0].log).parent / 'diagnoser.db'}"
+            url = database_url or f"sqlite:///{running[0].log.parent / 'diagnoser.db'}"
             rounds, escalations = db_counts(url)
-            prompts = {
-                hashlib.sha256(json.dumps(c["messages"]).encode()).hexdigest()
+            counts = [
+                int(n)
                 for c in llm.completions
-            }
+                for n in regex.findall(r"\(x(\d+)\) \|", c["messages"][-1]["content"])
+            ]
     return StormRow(
         name,
         replicas,
         quiet_s,
         ranks,
+        agree,
         len(llm.completions),
         rounds,
         escalations,
         len(records),
+        posted - started,
         ended - started,
         all((r or {}).get("decided") is True for r in records.values()),
-        len(prompts),
+        max(counts, default=1),
     )
 
 
@@ -768,8 +802,8 @@ def throughput_section(args: argparse.Namespace, report: Report, console: Consol
             f"{EARLY_STOP_CALLS} concurrent calls: {bounds}.",
             "The service rows time from the first POST to the moment every diagnosis carries its "
             "LLM record on `GET /v1/diagnoses` (polled every 20 ms); the peer times `ask()` alone.",
-            "`other CPU %`: everything else on the machine during the service run "
-            "(100 = one core).",
+            "`other CPU %`: everything but the server and this bench process (which runs the "
+            "scripted LLM and the poller) during the service run (100 = one core).",
         ],
     )
 
@@ -777,46 +811,37 @@ def throughput_section(args: argparse.Namespace, report: Report, console: Consol
 def storm_section(args: argparse.Namespace, report: Report, console: Console) -> None:
     latency_s = args.latency_ms / 1000
     rows: list[StormRow] = []
-    plans: list[tuple[str, float, int, bool]] = [
-        ("1 replica, SQLite", 0.0, 1, False),
-        ("1 replica, SQLite", args.quiet_s, 1, False),
+    plans: list[tuple[str, float, bool]] = [
+        ("1 replica, SQLite", 0.0, True),
+        ("1 replica, SQLite", args.quiet_s, True),
     ]
-    for name, quiet, replicas, mirrored in plans:
-        console.print(f"storm: {name}, quiet {quiet:g} s ...")
-        rows.append(
-            storm_run(
-                f"{name} q{quiet}",
-                args.ranks,
-                args.storm_lines,
-                quiet,
-                replicas,
-                latency_s,
-                None,
-                mirrored,
-            )
+    if args.undecided:
+        plans += [("1 replica, SQLite", 0.0, False), ("1 replica, SQLite", args.quiet_s, False)]
+    for name, quiet, agree in plans:
+        console.print(f"storm: {name}, quiet {quiet:g} s, agreeing {agree} ...")
+        row = storm_run(
+            f"{name} q{quiet} {agree}",
+            args.ranks,
+            args.storm_lines,
+            quiet,
+            1,
+            latency_s,
+            None,
+            agree,
         )
-        rows[-1].name = name
+        row.name = name
+        rows.append(row)
     notes = []
     with postgres() as server_url:
         if server_url is None:
             notes.append("Two replicas: not run (no PostgreSQL server binaries on this machine).")
         else:
-            for name, quiet, mirrored in (
-                ("2 replicas, PostgreSQL, storm split by node", 0.0, False),
-                ("2 replicas, PostgreSQL, storm split by node", args.quiet_s, False),
-                ("2 replicas, PostgreSQL, storm mirrored to both", args.quiet_s, True),
-            ):
+            name = "2 replicas, one PostgreSQL"
+            for quiet in sorted({0.0, args.quiet_s} if args.undecided else {args.quiet_s}):
                 console.print(f"storm: {name}, quiet {quiet:g} s ...")
                 url = fresh_pg_database(server_url)
                 row = storm_run(
-                    f"{name} q{quiet}",
-                    args.ranks,
-                    args.storm_lines,
-                    quiet,
-                    2,
-                    latency_s,
-                    url,
-                    mirrored,
+                    f"{name} q{quiet}", args.ranks, args.storm_lines, quiet, 2, latency_s, url
                 )
                 row.name = name
                 rows.append(row)
@@ -824,16 +849,17 @@ def storm_section(args: argparse.Namespace, report: Report, console: Console) ->
         [
             row.name,
             f"{row.quiet_s:g}",
-            str(row.ranks),
+            "4 of 5 agree" if row.agree else "3-2 split",
             str(row.diagnoses),
             str(row.escalations),
             str(row.rounds),
             str(row.calls),
-            str(EARLY_STOP_CALLS),
-            f"{row.calls / EARLY_STOP_CALLS:.2f}x",
-            str(row.distinct_prompts),
+            str(EARLY_STOP_CALLS if row.agree else K),
+            f"{row.calls / (EARLY_STOP_CALLS if row.agree else K):.2f}x",
+            str(row.asked_ranks),
             "yes" if row.decided else "no",
-            f"{row.seconds:.1f}",
+            f"{row.posted_s:.1f}",
+            f"{row.seconds - row.posted_s:.1f}",
         ]
         for row in rows
     ]
@@ -843,27 +869,30 @@ def storm_section(args: argparse.Namespace, report: Report, console: Console) ->
         [
             "service",
             "quiet s",
-            "ranks",
+            "answers",
             "diagnoses",
             "escalations",
             "rounds",
             "calls",
-            "target calls",
-            "calls / target",
-            "distinct prompts",
+            "one round",
+            "calls / one round",
+            "ranks in the asked trace",
             "decided",
-            "s to LLM record",
+            "ingest s",
+            "then s to LLM record",
         ],
         table,
         [
             f"Each rank posts {args.storm_lines} lines (benign training lines, then the same "
-            "traceback ending in an exception no rule knows), one POST per rank stream, 8 at a "
-            "time; then the launcher's `exited` event with exit code 1.",
-            "`rounds`: rows in `llm_verdicts`, i.e. distinct fingerprints asked; `escalations`: "
-            "rows in `escalations`. The count is taken once no call has come for the quiet "
-            "window + 2 s.",
-            "The naive peer, one question per rank, would make "
-            f"{args.ranks * EARLY_STOP_CALLS:,} calls.",
+            "traceback ending in an exception no rule knows), one POST per rank stream, 8 in "
+            "flight; then the launcher's `exited` event (exit code 1). With two replicas each "
+            "node's streams go to one of them (half the nodes each), as a load balancer would "
+            "route them.",
+            "`rounds`: rows in `llm_verdicts`, i.e. fingerprints asked; `escalations`: rows in "
+            "`escalations`; counted once no call has come for the quiet window + 4 s. `ranks in "
+            "the asked trace`: the largest `(xN)` count on a collapsed line of any prompt sent.",
+            f"The naive peer, one question per rank, would make {args.ranks * EARLY_STOP_CALLS:,} "
+            "calls.",
             *notes,
         ],
     )
@@ -1017,6 +1046,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--storm-lines", type=int, default=RAW_TAIL_LINES, help="lines per rank log"
     )
     parser.add_argument("--quiet-s", type=float, default=5.0, help="storm: the quiet window row")
+    parser.add_argument(
+        "--undecided",
+        action="store_true",
+        help="storm: also a 3-2 split vote, and quiet 0 on two replicas",
+    )
     parser.add_argument("--tokenize-ranks", type=int, default=16, help="ranks tokenized exactly")
     parser.add_argument("--reps", type=int, default=3, help="real model: asks per mode")
     parser.add_argument(
