@@ -59,7 +59,7 @@ from diagnoser.diagnosis.trace import Trace
 from diagnoser.ingest.framing import Framer
 from diagnoser.llm.answer import Abstention
 from diagnoser.llm.client import LlmClient
-from diagnoser.llm.prompt import PromptLine, Prompts
+from diagnoser.llm.prompt import PromptLine, Prompts, answer_schema
 from diagnoser.llm.redaction import Redactor
 from diagnoser.llm.sampling import Asked, ask
 from diagnoser.pipeline import StreamKey
@@ -643,7 +643,9 @@ def model_runs(
         out: list[ModelRun] = []
         # A warm-up call first: llama.cpp caches the prompt's prefix, and every later call of
         # both modes reuses it alike.
-        await client.complete_json(messages, {}, seed=999, temperature=0.7)
+        await client.complete_json(
+            messages, answer_schema(), seed=999, temperature=0.7, max_tokens=1
+        )
         for rep in range(reps):
             for early_stop in (True, False) if rep % 2 == 0 else (False, True):
                 started = time.perf_counter()
@@ -719,11 +721,20 @@ class Report:
     sections: list[tuple[str, list[str], list[list[str]], list[str]]] = field(default_factory=list)
     """(title, header, rows, notes)"""
 
-    def add(self, title: str, header: list[str], rows: list[list[str]], notes: list[str]) -> None:
-        self.sections.append((title, header, rows, notes))
+    console: Console | None = None
 
-    def print(self, console: Console) -> None:
-        for title, header, rows, notes in self.sections:
+    def add(self, title: str, header: list[str], rows: list[list[str]], notes: list[str]) -> None:
+        """Kept for the markdown, and printed at once (a long run shows each part as it ends)."""
+        self.sections.append((title, header, rows, notes))
+        if self.console is not None:
+            self.print(self.console, [(title, header, rows, notes)])
+
+    def print(
+        self,
+        console: Console,
+        sections: list[tuple[str, list[str], list[list[str]], list[str]]],
+    ) -> None:
+        for title, header, rows, notes in sections:
             table = Table(title=title)
             for i, name in enumerate(header):
                 table.add_column(name, justify="left" if i == 0 else "right")
@@ -1052,7 +1063,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="storm: also a 3-2 split vote, and quiet 0 on two replicas",
     )
     parser.add_argument("--tokenize-ranks", type=int, default=16, help="ranks tokenized exactly")
-    parser.add_argument("--reps", type=int, default=3, help="real model: asks per mode")
+    parser.add_argument("--reps", type=int, default=2, help="real model: asks per mode")
     parser.add_argument(
         "--model-prompt",
         type=int,
@@ -1074,18 +1085,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     command = shlex.join(["python", "bench/llm.py", *sys.argv[1:]])
     console = Console(width=220)
-    report = Report()
+    report = Report(console=console)
     started = time.perf_counter()
-    if "throughput" in args.parts:
-        throughput_section(args, report, console)
-    if "storm" in args.parts:
-        storm_section(args, report, console)
-    if {"tokens", "model"} & set(args.parts):
-        tokens_and_model_section(args, report, console)
-    report.print(console)
+    parts = [
+        ({"throughput"}, throughput_section),
+        ({"storm"}, storm_section),
+        ({"tokens", "model"}, tokens_and_model_section),
+    ]
+    for names, section in parts:
+        if names & set(args.parts):
+            section(args, report, console)
+            if not args.no_write:  # after each part: an interrupted run keeps what it measured
+                RESULTS.write_text(report.markdown(command))
     console.print(f"total {time.perf_counter() - started:.0f} s")
     if not args.no_write:
-        RESULTS.write_text(report.markdown(command))
         console.print(f"wrote {RESULTS}")
 
 
