@@ -822,12 +822,10 @@ def throughput_section(args: argparse.Namespace, report: Report, console: Consol
 def storm_section(args: argparse.Namespace, report: Report, console: Console) -> None:
     latency_s = args.latency_ms / 1000
     rows: list[StormRow] = []
-    plans: list[tuple[str, float, bool]] = [
-        ("1 replica, SQLite", 0.0, True),
-        ("1 replica, SQLite", args.quiet_s, True),
+    agreements = {"unanimous": [True], "split": [False], "both": [True, False]}[args.answers]
+    plans = [
+        ("1 replica, SQLite", quiet, agree) for agree in agreements for quiet in (0.0, args.quiet_s)
     ]
-    if args.undecided:
-        plans += [("1 replica, SQLite", 0.0, False), ("1 replica, SQLite", args.quiet_s, False)]
     for name, quiet, agree in plans:
         console.print(f"storm: {name}, quiet {quiet:g} s, agreeing {agree} ...")
         row = storm_run(
@@ -846,21 +844,26 @@ def storm_section(args: argparse.Namespace, report: Report, console: Console) ->
     with postgres() as server_url:
         if server_url is None:
             notes.append("Two replicas: not run (no PostgreSQL server binaries on this machine).")
-        else:
+        elif args.answers != "split":
             name = "2 replicas, one PostgreSQL"
-            for quiet in sorted({0.0, args.quiet_s} if args.undecided else {args.quiet_s}):
-                console.print(f"storm: {name}, quiet {quiet:g} s ...")
-                url = fresh_pg_database(server_url)
-                row = storm_run(
-                    f"{name} q{quiet}", args.ranks, args.storm_lines, quiet, 2, latency_s, url
-                )
-                row.name = name
-                rows.append(row)
+            console.print(f"storm: {name}, quiet {args.quiet_s:g} s ...")
+            url = fresh_pg_database(server_url)
+            row = storm_run(
+                f"{name} q{args.quiet_s}",
+                args.ranks,
+                args.storm_lines,
+                args.quiet_s,
+                2,
+                latency_s,
+                url,
+            )
+            row.name = name
+            rows.append(row)
     table = [
         [
             row.name,
             f"{row.quiet_s:g}",
-            "4 of 5 agree" if row.agree else "3-2 split",
+            "unanimous" if row.agree else "3-2 split",
             str(row.diagnoses),
             str(row.escalations),
             str(row.rounds),
@@ -1058,9 +1061,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quiet-s", type=float, default=5.0, help="storm: the quiet window row")
     parser.add_argument(
-        "--undecided",
-        action="store_true",
-        help="storm: also a 3-2 split vote, and quiet 0 on two replicas",
+        "--answers",
+        choices=["unanimous", "split", "both"],
+        default="unanimous",
+        help="storm: the scripted answers agree, or split 3-2 (below the threshold)",
     )
     parser.add_argument("--tokenize-ranks", type=int, default=16, help="ranks tokenized exactly")
     parser.add_argument("--reps", type=int, default=2, help="real model: asks per mode")
@@ -1071,7 +1075,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=[0, 1, 2],
         help="real model: which token scenario's prompt (0: 1 rank, 2: the storm)",
     )
-    parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS.name}")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="markdown written here")
+    parser.add_argument("--no-write", action="store_true", help="do not write the markdown")
     args = parser.parse_args(argv)
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = set(args.parts) - {"throughput", "storm", "tokens", "model"}
@@ -1096,10 +1101,10 @@ def main(argv: list[str] | None = None) -> None:
         if names & set(args.parts):
             section(args, report, console)
             if not args.no_write:  # after each part: an interrupted run keeps what it measured
-                RESULTS.write_text(report.markdown(command))
+                args.results.write_text(report.markdown(command))
     console.print(f"total {time.perf_counter() - started:.0f} s")
     if not args.no_write:
-        console.print(f"wrote {RESULTS}")
+        console.print(f"wrote {args.results}")
 
 
 if __name__ == "__main__":
