@@ -1,8 +1,9 @@
 """The LLM stage's cost: escalation throughput, calls in a storm, prompt tokens, real-model time.
 
-    python bench/llm.py                              # all four parts, about 3-4 minutes
-    python bench/llm.py --parts storm,tokens         # some of them
-    python bench/llm.py --jobs 200 --reps 10         # a bigger run
+    python bench/llm.py                          # all four parts (9 min on a loaded 2-core box)
+    python bench/llm.py --parts throughput,storm,tokens     # no real model: about 3-4 minutes
+    python bench/llm.py --parts storm --answers split       # the storm with a 3-2 vote
+    python bench/llm.py --jobs 200 --workers 2,8,32 --reps 10   # a bigger run
 
 1. Throughput: a real `diagnoser serve` (SQLite, `DIAGNOSER_LLM__QUIET_S=0`) against the suite's
    scripted OpenAI-compatible server answering every completion after `--latency-ms`. N jobs
@@ -11,9 +12,9 @@
    with as many in flight as the service has workers: what the stage costs on top of asking.
 2. Storm: one job, 512 ranks over 64 nodes, every rank printing the same unexplained failure,
    then the launcher's `exited` event (exit code 1). Target: one round of k calls for the one
-   fingerprint (4 calls at k=5 when the answers agree). One replica on SQLite; two replicas on
-   one PostgreSQL database, with the storm split by node between them (what a load balancer
-   does) and mirrored to both.
+   fingerprint (4 calls at k=5 when the answers agree), with `QUIET_S=0` and with the quiet
+   window. One replica on SQLite; two replicas on one PostgreSQL database (a throwaway cluster,
+   as the suite starts it), the storm split by node between them as a load balancer would.
 3. Prompt tokens per escalation: the raw tail (the last 200 lines of every rank's log) against
    the prompt built from the compressed trace (`diagnoser.diagnosis.trace.assemble` through the
    real live stage, redacted, rendered by the real prompt template). Counted as chars / 4 and
