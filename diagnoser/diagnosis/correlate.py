@@ -195,7 +195,8 @@ def correlate(
         action = override.action
     if action is Action.CORDON_NODE_AND_RESTART and not culprits:
         action = Action.RESTART_JOB  # never cordon without naming the node
-    symptoms = [e for e in relevant if e not in ordered]
+    in_ordered = {id(e) for e in ordered}  # identity: `in` on the list compared every field
+    symptoms = [e for e in relevant if id(e) not in in_ordered]
     evidence = _dedupe([root, *(e for e in ordered if e is not root), *symptoms])
     ranks = tuple(sorted({e.rank for e in relevant if e.rank is not None}))
     status = Status.INCONCLUSIVE if action is Action.ESCALATE else Status.FAILURE
