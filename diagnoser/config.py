@@ -85,6 +85,12 @@ class LlmSettings(BaseModel):
     redact_patterns: list[str] = Field(default_factory=list)
     """Extra regexes whose matches are removed before text leaves for the LLM."""
 
+    @field_validator("base_url")
+    @classmethod
+    def _empty_is_unset(cls, url: str | None) -> str | None:
+        """`DIAGNOSER_LLM__BASE_URL=` (as compose files pass an unset variable) means no LLM."""
+        return url or None
+
     @property
     def enabled(self) -> bool:
         return self.base_url is not None

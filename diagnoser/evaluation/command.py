@@ -18,7 +18,7 @@ from diagnoser.config import Settings
 from diagnoser.diagnosis.hang import DEFAULT_TIMEOUT_S
 from diagnoser.evaluation.corpus import FLOORS_FILE, CorpusError, load_corpus, load_floors
 from diagnoser.evaluation.report import as_json, render
-from diagnoser.evaluation.runner import rules_diagnoser, run
+from diagnoser.evaluation.runner import LlmTally, llm_diagnoser, rules_diagnoser, run
 from diagnoser.evaluation.scoring import gate, summarise
 from diagnoser.rules import RuleLoadError, load_dir
 
@@ -47,8 +47,16 @@ def evaluate(
             "--no-stalls scores the log text alone.",
         ),
     ] = True,
+    llm: Annotated[
+        bool,
+        typer.Option(
+            "--llm",
+            help="Ask the configured LLM (DIAGNOSER_LLM__*) about what the rules leave "
+            "`escalate`, as the service does; use --repeat N for its mean and spread.",
+        ),
+    ] = False,
 ) -> None:
-    """Score the rules + correlation pipeline on a labelled corpus of failure logs."""
+    """Score the rules + correlation pipeline (and, with --llm, the LLM stage) on a corpus."""
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         cases = load_corpus(directory)
@@ -62,15 +70,53 @@ def evaluate(
         err.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from exc
     # The corpus is scored at the default hang window, whatever this shell's environment says.
-    diagnoser = rules_diagnoser(ruleset, hang_timeout=DEFAULT_TIMEOUT_S, stalls=stalls)
-    summary = summarise(run(cases, diagnoser, repeat))
+    tally = LlmTally()
+    if llm:
+        settings = Settings().llm
+        if not settings.enabled:
+            err.print(
+                "[bold red]error:[/] --llm needs DIAGNOSER_LLM__BASE_URL (an OpenAI endpoint)"
+            )
+            raise typer.Exit(2)
+        diagnoser = llm_diagnoser(
+            ruleset, settings, tally, hang_timeout=DEFAULT_TIMEOUT_S, stalls=stalls
+        )
+    else:
+        diagnoser = rules_diagnoser(ruleset, hang_timeout=DEFAULT_TIMEOUT_S, stalls=stalls)
+    summary = summarise(run(cases, diagnoser, repeat, on_run=tally.new_run if llm else None))
     failures = gate(summary, floors)
     if as_json_output:
-        typer.echo(json.dumps(as_json(summary, failures), ensure_ascii=False))
+        result = as_json(summary, failures)
+        if llm:
+            result["llm"] = llm_json(tally)
+        typer.echo(json.dumps(result, ensure_ascii=False))
     else:
         console = Console(highlight=False)
         # Piped output (CI logs, bench files) gets room for the whole table, not 80 columns.
         wide = 200 if repeat == 1 else 220
         render(summary, failures, Console(highlight=False, width=max(console.width, wide)))
+        if llm:
+            console.print(escape(llm_line(tally)))
     if failures:
         raise typer.Exit(1)
+
+
+def llm_json(tally: LlmTally) -> dict[str, object]:
+    """Per run: cases the rules left `escalate` and the LLM was asked about, the ones its vote
+    decided, and the decided ones whose action matches the label."""
+    return {
+        "asked": tally.asked,
+        "decided": tally.decided,
+        "right": tally.right,
+        "unreachable": tally.unreachable,
+    }
+
+
+def llm_line(tally: LlmTally) -> str:
+    runs = len(tally.asked)
+    per_run = "; ".join(
+        f"{a} asked, {d} decided, {r} right"
+        for a, d, r in zip(tally.asked, tally.decided, tally.right, strict=True)
+    )
+    note = f" ({tally.unreachable} could not be asked)" if tally.unreachable else ""
+    return f"LLM stage over {runs} run(s): {per_run}{note}"
