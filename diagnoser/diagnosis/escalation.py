@@ -78,6 +78,8 @@ def record(asked: Asked, trace: Trace, settings: LlmSettings) -> dict[str, Any]:
     """The verdict as stored with the diagnosis: the vote, its evidence lines, and its cost."""
     verdict = asked.verdict
     by_number = {line.number: line for line in trace.lines}
+    # A node's tail can repeat a failure line; citing that copy cites the failure line.
+    failing = {line.text for line in trace.lines if line.flagged}
     return {
         "decided": verdict.decided,
         "category": verdict.category.value if verdict.category else None,
@@ -97,7 +99,7 @@ def record(asked: Asked, trace: Trace, settings: LlmSettings) -> dict[str, Any]:
                 "line": n,
                 "node": by_number[n].node,
                 "text": by_number[n].text,
-                "flagged": by_number[n].flagged,
+                "flagged": by_number[n].text in failing,
             }
             for n in verdict.evidence
             if n in by_number
