@@ -86,7 +86,8 @@ def service_for(tmp_path: Path, rules_dir: Path) -> Iterator[Any]:
 
 def diagnose(service: ServiceProcess, job: str, node: str, text: str) -> str:
     diagnoses = post_text(service, job, node, text)["diagnoses"]
-    assert isinstance(diagnoses, list) and len(diagnoses) == 1, diagnoses
+    assert isinstance(diagnoses, list)
+    assert len(diagnoses) == 1, diagnoses
     return str(diagnoses[0])
 
 
