@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import regex
 
-from diagnoser.llm.suggestions import Resolution, alone, pattern_of, suggest
+from diagnoser.llm.suggestions import Resolution, Suggestion, alone, pattern_of, suggest
 from diagnoser.rules.learned import snippet
 from diagnoser.rules.registry import scan_lines
 from diagnoser.rules.ruleset import RuleSet
