@@ -141,6 +141,8 @@ def test_a_failure_the_llm_keeps_resolving_becomes_a_rule_once_a_person_accepts_
             f"{service.base_url}/v1/rules/suggestions/{suggestion['id']}/accept", timeout=30
         )
         pack = httpx.get(f"{service.base_url}/v1/rules", timeout=5).json()
+        unknown = httpx.post(f"{service.base_url}/v1/rules/suggestions/0123456789ab/accept")
+        malformed = httpx.post(f"{service.base_url}/v1/rules/suggestions/..%2F..%2Fx/accept")
         after_accept = suggestions(service)
 
         fourth = diagnosis(service, diagnose(service, "learn-4", "gpu-7", third))
@@ -160,6 +162,8 @@ def test_a_failure_the_llm_keeps_resolving_becomes_a_rule_once_a_person_accepts_
     learned = yaml.safe_load((rules_dir / "learned.yaml").read_text())
     assert [rule["id"] for rule in learned["rules"]] == [suggestion["rule_id"]]
     assert again.status_code == 409
+    assert unknown.status_code == 404
+    assert malformed.status_code in (404, 422)
     assert pack["digest"] != before
     assert suggestion["rule_id"] in {rule["id"] for rule in pack["rules"]}
     assert after_accept["suggestions"] == []
