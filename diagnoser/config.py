@@ -84,6 +84,12 @@ class LlmSettings(BaseModel):
     queue_size: int = Field(default=256, ge=1)
     redact_patterns: list[str] = Field(default_factory=list)
     """Extra regexes whose matches are removed before text leaves for the LLM."""
+    retrieval_examples: int = Field(default=3, ge=0, le=10)
+    """Similar past diagnoses (decided by rules or by people) shown to the model; 0 disables."""
+    retrieval_candidates: int = Field(default=200, ge=1, le=5000)
+    """How many of the most recent such diagnoses retrieval compares (bounded work per ask)."""
+    suggest_after: int = Field(default=3, ge=1, le=1000)
+    """Jobs the LLM must have resolved alike before their failure is suggested as a rule."""
 
     @field_validator("base_url")
     @classmethod

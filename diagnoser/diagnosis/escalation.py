@@ -17,14 +17,17 @@ from typing import Any
 
 from diagnoser.config import LlmSettings
 from diagnoser.diagnosis.trace import Trace
+from diagnoser.llm import retrieval
 from diagnoser.llm.answer import Abstention
 from diagnoser.llm.cache import Outcome, VerdictCache
 from diagnoser.llm.client import LlmClient
 from diagnoser.llm.prompt import Prompts
 from diagnoser.llm.redaction import Redactor
+from diagnoser.llm.retrieval import covering
 from diagnoser.llm.sampling import Asked, ask, vote_record
 from diagnoser.store.database import Sessions
 from diagnoser.store.escalations import add_escalation, finish_escalation, pending_escalations
+from diagnoser.store.history import recent_precedents
 from diagnoser.store.models import EscalationRow, utcnow
 
 logger = logging.getLogger(__name__)
@@ -133,8 +136,10 @@ class Escalator:
                 break
             await asyncio.sleep(self.settings.quiet_s - quiet_for)
         try:
+            examples = await self.examples(diagnosis_id, trace)
+            fingerprint = covering(fingerprint, examples)
             messages = self.prompts.diagnose(
-                job_id, trace.lines, version=self.settings.prompt_version
+                job_id, trace.lines, examples, version=self.settings.prompt_version
             )
 
             async def ask_llm() -> Outcome:
@@ -162,6 +167,28 @@ class Escalator:
             return
         async with self.sessions.begin() as session:
             await finish_escalation(session, escalation_id, "done")
+
+    async def examples(self, diagnosis_id: str, trace: Trace) -> list[str]:
+        """Similar past diagnoses for the prompt, redacted; none when retrieval fails.
+
+        Asked after the quiet window, so the examples are today's; they are part of the
+        question's fingerprint (`retrieval.covering` says why).
+        """
+        if self.settings.retrieval_examples <= 0:
+            return []
+        query = [line.text for line in trace.lines if line.flagged] or [
+            line.text for line in trace.lines
+        ]
+        try:
+            async with self.sessions() as session:
+                candidates = await recent_precedents(
+                    session, self.settings.retrieval_candidates, exclude=diagnosis_id
+                )
+        except Exception:
+            logger.exception("retrieval of past diagnoses failed; asking without examples")
+            return []
+        found = retrieval.examples(query, candidates, self.settings.retrieval_examples)
+        return [self.redactor.redact(text).text for text in found]
 
     def _enqueue(self, escalation_id: int) -> None:
         if escalation_id in self._queued:

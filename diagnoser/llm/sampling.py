@@ -107,6 +107,8 @@ def vote_record(asked: Asked, lines: Sequence[PromptLine], settings: LlmSettings
     """The vote as kept with a diagnosis (and shown offline): outcome, tally, evidence, cost."""
     verdict = asked.verdict
     by_number = {line.number: line for line in lines}
+    # Should a node's tail repeat a failure line, citing that copy cites the failure line.
+    failing = {line.text for line in lines if line.flagged}
     return {
         "decided": verdict.decided,
         "category": verdict.category.value if verdict.category else None,
@@ -122,7 +124,12 @@ def vote_record(asked: Asked, lines: Sequence[PromptLine], settings: LlmSettings
         "min_agreement": settings.min_agreement,
         "abstentions": abstentions(asked.samples)[:10],
         "evidence": [
-            {"line": n, "node": by_number[n].node, "text": by_number[n].text}
+            {
+                "line": n,
+                "node": by_number[n].node,
+                "text": by_number[n].text,
+                "flagged": by_number[n].flagged or by_number[n].text in failing,
+            }
             for n in verdict.evidence
             if n in by_number
         ],

@@ -12,6 +12,7 @@ from diagnoser.rules.events import RuleEvent
 from diagnoser.rules.loader import digest, load_dir, read_dir
 from diagnoser.rules.problems import Problem, RuleLoadError
 from diagnoser.rules.ruleset import DEFAULT_TIMEOUT, CompiledRule, RuleSet
+from diagnoser.rules.schema import RuleFile
 
 BATCH_LINES = 4096
 
@@ -114,8 +115,13 @@ def check(directory: Path, *, prefilter: str = "auto") -> list[Problem]:
     files, problems = read_dir(directory)
     if problems:
         return problems
+    return check_files(files, prefilter=prefilter)
+
+
+def check_files(files: Sequence[tuple[str, RuleFile]], *, prefilter: str = "auto") -> list[Problem]:
+    """`check` of rule files held in memory (a rule about to be written, say)."""
     try:
-        ruleset = RuleSet(files, digest(files), prefilter=prefilter)
+        ruleset = RuleSet(files, digest(list(files)), prefilter=prefilter)
     except RuleLoadError as exc:
         return list(exc.problems)
     return [
