@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +13,9 @@ import pytest
 import regex
 import yaml
 
-from tests.llm.scripted_llm import Reply, ScriptedLlm, scripted_llm
-from tests.servers import ServiceProcess, post_text
+from tests.api.llm_service import StartService, diagnose, diagnosis, llm_services, wait_for_llm
+from tests.llm.scripted_llm import Reply, scripted_llm
+from tests.servers import ServiceProcess
 
 PACK = Path(__file__).resolve().parents[2] / "rules"
 UNKNOWN_FAILURE = (
@@ -58,54 +59,9 @@ def rules_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def service_for(tmp_path: Path, rules_dir: Path) -> Iterator[Any]:
-    started: list[ServiceProcess] = []
-
-    def start(llm: ScriptedLlm) -> ServiceProcess:
-        service = ServiceProcess(
-            env={
-                "DIAGNOSER_DATA_DIR": str(tmp_path / "data"),
-                "DIAGNOSER_RULES_DIR": str(rules_dir),
-                "DIAGNOSER_RULES_WATCH": "false",
-                "DIAGNOSER_LLM__BASE_URL": llm.base_url,
-                "DIAGNOSER_LLM__MODEL": "scripted",
-                "DIAGNOSER_LLM__QUIET_S": "0",
-                "DIAGNOSER_LLM__TIMEOUT_S": "5",
-                "DIAGNOSER_LLM__MAX_RETRIES": "0",
-                "DIAGNOSER_LLM__SUGGEST_AFTER": "3",
-            }
-        )
-        service.start()
-        started.append(service)
-        return service
-
-    yield start
-    for service in started:
-        service.stop()
-
-
-def diagnose(service: ServiceProcess, job: str, node: str, text: str) -> str:
-    diagnoses = post_text(service, job, node, text)["diagnoses"]
-    assert isinstance(diagnoses, list)
-    assert len(diagnoses) == 1, diagnoses
-    return str(diagnoses[0])
-
-
-def diagnosis(service: ServiceProcess, diagnosis_id: str) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.get(
-        f"{service.base_url}/v1/diagnoses/{diagnosis_id}", timeout=5
-    ).json()
-    return body
-
-
-def wait_for_llm(service: ServiceProcess, diagnosis_id: str, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = diagnosis(service, diagnosis_id)
-        if body.get("llm"):
-            return body
-        time.sleep(0.2)
-    raise AssertionError(f"no LLM verdict on {diagnosis_id} after {timeout}s")
+def service_for(tmp_path: Path, rules_dir: Path) -> Iterator[StartService]:
+    with llm_services(tmp_path / "data") as start:
+        yield partial(start, DIAGNOSER_RULES_DIR=str(rules_dir), DIAGNOSER_LLM__SUGGEST_AFTER="3")
 
 
 def suggestions(service: ServiceProcess) -> dict[str, Any]:
@@ -116,7 +72,7 @@ def suggestions(service: ServiceProcess) -> dict[str, Any]:
 
 
 def test_a_failure_the_llm_keeps_resolving_becomes_a_rule_once_a_person_accepts_it(
-    service_for: Any, rules_dir: Path
+    service_for: StartService, rules_dir: Path
 ) -> None:
     with scripted_llm([cite_the_failure]) as llm:
         service = service_for(llm)
@@ -176,7 +132,9 @@ def test_a_failure_the_llm_keeps_resolving_becomes_a_rule_once_a_person_accepts_
     assert len(llm.completions) == calls, "the learned rule decided it: no LLM call"
 
 
-def test_a_person_confirmed_diagnosis_is_shown_to_the_llm_next_time(service_for: Any) -> None:
+def test_a_person_confirmed_diagnosis_is_shown_to_the_llm_next_time(
+    service_for: StartService,
+) -> None:
     with scripted_llm([cite_the_failure]) as llm:
         service = service_for(llm)
         first = wait_for_llm(service, diagnose(service, "seen-1", "gpu-1", UNKNOWN_FAILURE))

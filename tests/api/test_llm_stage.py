@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,8 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.llm.scripted_llm import Fail, Reply, ScriptedLlm, Step, scripted_llm
-from tests.servers import ServiceProcess, post_text
+from tests.api.llm_service import StartService, diagnose, llm_services, wait_for_llm
+from tests.llm.scripted_llm import Fail, Reply, Step, scripted_llm
+from tests.servers import post_text
 
 UNKNOWN_FAILURE = (
     "[rank0]: iteration 100/1000 | lm loss 2.3\n"
@@ -43,58 +43,16 @@ def answer(**overrides: Any) -> dict[str, Any]:
     return base
 
 
-def service_env(tmp_path: Path, llm: ScriptedLlm, **extra: str) -> dict[str, str]:
-    return {
-        "DIAGNOSER_DATA_DIR": str(tmp_path / "data"),
-        "DIAGNOSER_RULES_WATCH": "false",
-        "DIAGNOSER_LLM__BASE_URL": llm.base_url,
-        "DIAGNOSER_LLM__MODEL": "scripted",
-        "DIAGNOSER_LLM__QUIET_S": "0",
-        "DIAGNOSER_LLM__TIMEOUT_S": "5",
-        "DIAGNOSER_LLM__MAX_RETRIES": "0",
-        **extra,
-    }
-
-
 @pytest.fixture
-def service_with(tmp_path: Path) -> Iterator[Any]:
-    started: list[ServiceProcess] = []
-
-    def start(llm: ScriptedLlm, **extra: str) -> ServiceProcess:
-        service = ServiceProcess(env=service_env(tmp_path, llm, **extra))
-        service.start()
-        started.append(service)
-        return service
-
-    yield start
-    for service in started:
-        service.stop()
+def service_with(tmp_path: Path) -> Iterator[StartService]:
+    with llm_services(tmp_path / "data") as start:
+        yield start
 
 
-def only_diagnosis(posted: dict[str, object]) -> str:
-    diagnoses = posted["diagnoses"]
-    assert isinstance(diagnoses, list)
-    assert len(diagnoses) == 1, diagnoses
-    return str(diagnoses[0])
-
-
-def wait_for_llm(service: ServiceProcess, diagnosis_id: str, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = httpx.get(
-            f"{service.base_url}/v1/diagnoses/{diagnosis_id}", timeout=5
-        ).json()
-        if body.get("llm"):
-            return body
-        time.sleep(0.2)
-    raise AssertionError(f"no LLM verdict on {diagnosis_id} after {timeout}s")
-
-
-def test_an_unexplained_failure_is_decided_by_a_unanimous_vote(service_with: Any) -> None:
+def test_an_unexplained_failure_is_decided_by_a_unanimous_vote(service_with: StartService) -> None:
     with scripted_llm([Reply(answer())]) as llm:
         service = service_with(llm)
-        posted = post_text(service, "job-1", "gpu-1", UNKNOWN_FAILURE)
-        diagnosis_id = only_diagnosis(posted)
+        diagnosis_id = diagnose(service, "job-1", "gpu-1", UNKNOWN_FAILURE)
         diagnosis = wait_for_llm(service, diagnosis_id)
         metrics = httpx.get(f"{service.base_url}/metrics", timeout=5).text
     assert diagnosis["source"] == "llm"
@@ -110,7 +68,7 @@ def test_an_unexplained_failure_is_decided_by_a_unanimous_vote(service_with: Any
     assert 'diagnoser_llm_calls_total{outcome="ok"} 4.0' in metrics
 
 
-def test_a_log_line_cannot_talk_the_llm_into_a_cordon(service_with: Any) -> None:
+def test_a_log_line_cannot_talk_the_llm_into_a_cordon(service_with: StartService) -> None:
     fooled = answer(
         category="hardware",
         action="cordon_node_and_restart",
@@ -120,8 +78,7 @@ def test_a_log_line_cannot_talk_the_llm_into_a_cordon(service_with: Any) -> None
     with scripted_llm([Reply(fooled)]) as llm:
         service = service_with(llm)
         post_text(service, "job-2", "gpu-2", "[rank8]: iteration 100/1000 | lm loss 2.3\n")
-        posted = post_text(service, "job-2", "gpu-1", INJECTION)
-        diagnosis_id = only_diagnosis(posted)
+        diagnosis_id = diagnose(service, "job-2", "gpu-1", INJECTION)
         diagnosis = wait_for_llm(service, diagnosis_id)
     assert diagnosis["action"] == "escalate"
     assert diagnosis["source"] != "llm"
@@ -132,11 +89,10 @@ def test_a_log_line_cannot_talk_the_llm_into_a_cordon(service_with: Any) -> None
     assert prompt.count("</log>") == 1
 
 
-def test_an_llm_that_is_down_leaves_the_diagnosis_to_a_human(service_with: Any) -> None:
+def test_an_llm_that_is_down_leaves_the_diagnosis_to_a_human(service_with: StartService) -> None:
     with scripted_llm([Fail(503)]) as llm:
         service = service_with(llm)
-        posted = post_text(service, "job-3", "gpu-1", UNKNOWN_FAILURE)
-        diagnosis_id = only_diagnosis(posted)
+        diagnosis_id = diagnose(service, "job-3", "gpu-1", UNKNOWN_FAILURE)
         diagnosis = wait_for_llm(service, diagnosis_id)
         again = post_text(service, "job-3", "gpu-1", "[rank0]: iteration 101/1000\n")
     assert diagnosis["action"] == "escalate"
@@ -145,12 +101,13 @@ def test_an_llm_that_is_down_leaves_the_diagnosis_to_a_human(service_with: Any) 
     assert again["lines_accepted"] == 1, "ingest goes on while the LLM is down"
 
 
-def test_a_pending_escalation_survives_a_restart(service_with: Any, tmp_path: Path) -> None:
+def test_a_pending_escalation_survives_a_restart(
+    service_with: StartService, tmp_path: Path
+) -> None:
     script: list[Step] = [Reply(answer())]
     with scripted_llm(script) as llm:
         first = service_with(llm, DIAGNOSER_LLM__QUIET_S="600")
-        posted = post_text(first, "job-4", "gpu-1", UNKNOWN_FAILURE)
-        diagnosis_id = only_diagnosis(posted)
+        diagnosis_id = diagnose(first, "job-4", "gpu-1", UNKNOWN_FAILURE)
         first.stop(signal.SIGKILL)
         assert llm.completions == [], "the quiet window had not passed"
         second = service_with(llm)
@@ -159,19 +116,20 @@ def test_a_pending_escalation_survives_a_restart(service_with: Any, tmp_path: Pa
     assert diagnosis["action"] == "notify_user"
 
 
-def test_the_same_trace_on_another_job_costs_no_call(service_with: Any) -> None:
+def test_the_same_trace_on_another_job_costs_no_call(service_with: StartService) -> None:
     with scripted_llm([Reply(answer())]) as llm:
         service = service_with(llm)
-        first = post_text(service, "job-5", "gpu-1", UNKNOWN_FAILURE)
-        wait_for_llm(service, only_diagnosis(first))
+        wait_for_llm(service, diagnose(service, "job-5", "gpu-1", UNKNOWN_FAILURE))
         calls = len(llm.completions)
-        second = post_text(service, "job-6", "gpu-1", UNKNOWN_FAILURE.replace("100/1000", "7/9"))
-        diagnosis = wait_for_llm(service, only_diagnosis(second))
+        second = diagnose(service, "job-6", "gpu-1", UNKNOWN_FAILURE.replace("100/1000", "7/9"))
+        diagnosis = wait_for_llm(service, second)
     assert len(llm.completions) == calls
     assert diagnosis["source"] == "llm"
 
 
-def test_an_abnormal_exit_no_rule_explains_is_escalated_and_asked(service_with: Any) -> None:
+def test_an_abnormal_exit_no_rule_explains_is_escalated_and_asked(
+    service_with: StartService,
+) -> None:
     with scripted_llm([Reply(answer(evidence=[2]))]) as llm:
         service = service_with(llm)
         post_text(service, "job-7", "gpu-1", "[rank0]: iteration 100/1000 | lm loss 2.3\n")
