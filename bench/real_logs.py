@@ -1,4 +1,4 @@
-"""Compression on real, public training logs: kept fraction of failure-free lines, every failure kept.
+"""Compression on real public training logs: failure-free lines kept, every failure line kept.
 
     .venv/bin/python bench/real_logs.py
 
