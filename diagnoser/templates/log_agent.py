@@ -448,8 +448,8 @@ class LogAgent:
         return self._queue.qsize()
 
     def submit(self, template: TemplateView, family: Compressor) -> bool:
-        """Queue `template` of `family` for the worker; never waits. False (and counted) when
-        the queue is full, or when this very template text was already taken."""
+        """Queue `template` of `family` for the worker; never waits. False when the queue is
+        full (counted in `counts.dropped`) or when this very template text was already taken."""
         asked = self._asked.setdefault(family, {})
         if asked.get(template.id) == template.text:
             return False
@@ -522,6 +522,9 @@ class LogAgent:
                 if c.payload is None:
                     self.counts.failed_calls += 1
                 answers.append((self.seed + i, c.payload, c.error))
+        if all(payload is None and "JSON" not in (error or "") for _, payload, error in answers):
+            # The endpoint failed (breaker open, HTTP errors): a later sweep may ask again.
+            self._asked.get(family, {}).pop(template.id, None)
         candidates, winner, sizes, share, reason = await asyncio.to_thread(
             self._judge_all, answers, template, validator
         )

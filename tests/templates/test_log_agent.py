@@ -188,6 +188,15 @@ async def test_failed_calls_count_against_the_vote() -> None:
     assert sum(c.reason is not None for c in outcome.candidates) == 3
 
 
+async def test_a_round_the_endpoint_failed_is_offered_again() -> None:
+    compressor = family()
+    async with agent_on([Fail(503)], k=3) as (agent, _llm):
+        outcome = await settle(agent, compressor)
+        assert outcome.filter is None
+        assert {c.reason for c in outcome.candidates} == {"HTTP 503"}
+        assert agent.offer(compressor) == 1, "unlike a rejected round, a failed one is retried"
+
+
 def view(tid: int) -> TemplateView:
     return TemplateView(tid, f"worker <int> ready {tid}", (), 20, 1, 20, (f"worker 1 ready {tid}",))
 
