@@ -270,6 +270,7 @@ def diagnose(
         stalled_for=stall,
         hang_timeout=timeout,
         hang_action=Action(Settings().hang.action),
+        signal_config=Settings().signals.config(),
     )
     if as_json:
         typer.echo(json.dumps(result.as_json(), ensure_ascii=False))
