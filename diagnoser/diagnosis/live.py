@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from diagnoser.diagnosis import hang
 from diagnoser.diagnosis.correlate import Status, Verdict, correlate
 from diagnoser.diagnosis.progress import Progress
+from diagnoser.diagnosis.signals import FAILURE_TYPES as SIGNAL_TYPES
 from diagnoser.diagnosis.signals import SignalReader, unexplained, with_resume
 from diagnoser.diagnosis.trace import Trace, assemble
 from diagnoser.ingest.framing import LineBatch
@@ -358,14 +359,16 @@ class DiagnosisStage:
         )
 
     def progress(self, job_id: str) -> dict[str, int] | None:
-        """Step, checkpoint and steps lost; after a NaN loss or a loss spike, the step of the
-        checkpoint to resume from (`resume_from_step`)."""
+        """Step, checkpoint and steps lost; when the verdict is a NaN loss or a loss spike, the
+        step of the checkpoint to resume from (`resume_from_step`)."""
         state = self.jobs.get(job_id)
         if state is None:
             return None
         record = state.progress.as_record()
         resume = state.signals.progress()
-        return {**(record or {}), **resume} if resume else record
+        if not resume or state.last is None or state.last[2] not in SIGNAL_TYPES:
+            return record  # the open diagnosis is about something else
+        return {**(record or {}), **resume}
 
     def changed_verdict(self, job_id: str) -> tuple[Verdict, RuleSet] | None:
         """The job's verdict if new evidence changed it since the last call, else None."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.diagnosis.correlate import Status, correlate
+from diagnoser.diagnosis.correlate import Status
 from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.diagnosis.signals import SignalReader
 from diagnoser.ingest.framing import Framer, LineBatch
@@ -130,11 +130,16 @@ def test_a_nan_loss_no_rule_spells_is_caught_by_the_signal() -> None:
 
 
 def test_a_rule_that_names_the_failure_outranks_a_spike() -> None:
-    registry = RuleRegistry(ROOT / "rules")
     stage = stage_after(training_log(spike_at=170) + OOM)
-    verdict = correlate(list(stage.jobs["job"].events.values()), registry.active)
+    changed = stage.changed_verdict("job")
+    assert changed is not None
+    verdict, _ = changed
     assert verdict.failure_type == "cuda_oom"
     assert "signal.loss_spike" in verdict.rule_ids  # still evidence
+    assert "resume from" not in verdict.summary
+    progress = stage.progress("job")
+    assert progress is not None
+    assert "resume_from_step" not in progress  # the diagnosis is about the OOM
 
 
 @pytest.mark.parametrize(
