@@ -160,7 +160,9 @@ def create_app(settings: Settings) -> FastAPI:
         engine, redis, sessions = _connect(settings, database)
         registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
         reloader = RuleReloader(registry)
-        stage = DiagnosisStage(registry, hang_action=Action(settings.hang.action))
+        stage = DiagnosisStage(
+            registry, hang_action=Action(settings.hang.action), signals=settings.signals.config()
+        )
         counter = LineCounter()
         pipeline = Pipeline([counter, stage])
         hub = DiagnosisHub()

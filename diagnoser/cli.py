@@ -278,6 +278,7 @@ def diagnose(
         stalled_for=stall,
         hang_timeout=timeout,
         hang_action=Action(Settings().hang.action),
+        signal_config=Settings().signals.config(),
     )
     llm = Settings().llm
     if llm.enabled and not no_llm and result.unresolved:

@@ -7,11 +7,14 @@ Every value comes from `DIAGNOSER_*` environment variables (nested groups use `_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from diagnoser.templates.signals import SignalConfig
 
 SQLITE_FILE_NAME = "diagnoser.db"
 SOURCE_RULES_DIR = Path(__file__).resolve().parent.parent / "rules"
@@ -168,6 +171,24 @@ class HangSettings(BaseModel):
     `escalate` to leave it to a person (docs/hangs.md)."""
 
 
+class SignalSettings(BaseModel):
+    """Training signals read from progress lines: see docs/compression.md "Training signals"."""
+
+    spike_factor: float = Field(default=1.5, gt=1.0)
+    """A loss above this many times the rolling mean of the losses before it is a spike."""
+    window: int = Field(default=20, ge=1)
+    """Losses in the rolling mean."""
+    min_window: int = Field(default=10, ge=1)
+    """No spike is called before this many losses are in the mean."""
+
+    def config(self) -> SignalConfig:
+        from diagnoser.templates.signals import SignalConfig  # the settings stay light to import
+
+        return SignalConfig(
+            spike_factor=self.spike_factor, window=self.window, min_window=self.min_window
+        )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="DIAGNOSER_",
@@ -191,6 +212,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     actions: ActionSettings = ActionSettings()
     hang: HangSettings = HangSettings()
+    signals: SignalSettings = SignalSettings()
 
     @property
     def database_url(self) -> str:

@@ -61,6 +61,11 @@ CLASS_RANK: dict[Category, int] = {
 }
 """Lower is stronger root-cause evidence; symptoms sort after all of these."""
 
+SIGNAL_RULE_PREFIX = "signal."
+"""Events read from training numbers (diagnosis/signals.py), not from a rule. They rank with
+fallback rules, a warning (a loss spike) after an error (a NaN loss): a rule that names a
+failure explains more than the loss curve does."""
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -93,7 +98,12 @@ def _strength(event: RuleEvent, fallbacks: frozenset[str]) -> tuple[int, int, in
     root-cause class, real verdicts before escalations, and time."""
     symptom = 1 if _is_symptom(event) else 0
     rank = CLASS_RANK[event.category]
-    fallback = 1 if event.rule_id in fallbacks and event.category is not Category.HARDWARE else 0
+    if event.rule_id.startswith(SIGNAL_RULE_PREFIX):
+        fallback = 2 if event.severity is Severity.WARNING else 1
+    else:
+        fallback = (
+            1 if event.rule_id in fallbacks and event.category is not Category.HARDWARE else 0
+        )
     escalates = 1 if event.action is Action.ESCALATE else 0
     return (symptom, fallback, rank, escalates, event.time)
 

@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from diagnoser.diagnosis import hang
 from diagnoser.diagnosis.correlate import Status, Verdict, correlate
 from diagnoser.diagnosis.progress import Progress
+from diagnoser.diagnosis.signals import FAILURE_TYPES as SIGNAL_TYPES
+from diagnoser.diagnosis.signals import SignalReader, unexplained, with_resume
 from diagnoser.diagnosis.trace import Trace, assemble
 from diagnoser.ingest.framing import LineBatch
 from diagnoser.pipeline import StreamKey
 from diagnoser.rules import Action, JobScanner, RuleEvent, RuleRegistry, RuleSet
+from diagnoser.templates.signals import SignalConfig
 
 MAX_EVENTS_PER_JOB = 2000
 MAX_JOBS = 10_000
@@ -62,6 +65,8 @@ class JobState:
     events: dict[tuple[str, str, int | None], RuleEvent] = field(default_factory=dict)
     """First event per (rule, node, rank): repeats of a line add nothing to a diagnosis."""
     progress: Progress = field(default_factory=Progress)
+    signals: SignalReader = field(default_factory=SignalReader)
+    """NaN losses and loss spikes read from progress lines (diagnosis/signals.py)."""
     nodes: set[str] = field(default_factory=set)
     dirty: bool = False
     last: tuple[object, ...] | None = None
@@ -120,8 +125,11 @@ class DiagnosisStage:
         clock: Callable[[], float] = time.time,
         max_jobs: int = MAX_JOBS,
         hang_action: Action = hang.DEFAULT_ACTION,
+        signals: SignalConfig | None = None,
     ) -> None:
         self.registry = registry
+        self.signals = signals or SignalConfig()
+        """Loss-spike threshold and window (`DIAGNOSER_SIGNALS__*`)."""
         self.hang_action = hang_action
         """What a hang without a known cause recommends (`DIAGNOSER_HANG__ACTION`)."""
         self.clock = clock
@@ -139,12 +147,15 @@ class DiagnosisStage:
             while self.jobs and len(self.jobs) >= self.max_jobs:
                 self._evict()
             ruleset = self.registry.active  # a job keeps the rule set it started with
-            state = self.jobs[job_id] = JobState(ruleset, JobScanner(ruleset))
+            state = self.jobs[job_id] = self._state(ruleset)
             self._file(job_id, state)
         else:
             self.jobs.move_to_end(job_id)
             self._by_keep[self._keep[job_id]].move_to_end(job_id)
         return state
+
+    def _state(self, ruleset: RuleSet) -> JobState:
+        return JobState(ruleset, JobScanner(ruleset), signals=SignalReader(self.signals))
 
     def _evict(self) -> None:
         """Drop one job's live state; what it had stored comes back through `absorb`."""
@@ -172,6 +183,9 @@ class DiagnosisStage:
         if batch.lines:
             self._observe_time(state, key.node, batch, now, step)
         events = state.scanner.feed(key.node, key.rank, batch, now)
+        raised = state.signals.feed(key.node, key.rank, batch, now)
+        if raised:
+            events = [*events, *unexplained(raised, events)]
         if events:
             state.add(events)
             self.events_by_rule.update(event.rule_id for event in events)
@@ -211,7 +225,7 @@ class DiagnosisStage:
         if lifecycle.is_restart(event) and state.last_line_at:
             loaded_at = state.lifecycle_loaded_at
             ruleset = self.registry.active
-            state = self.jobs[job_id] = JobState(ruleset, JobScanner(ruleset))
+            state = self.jobs[job_id] = self._state(ruleset)
             state.lifecycle_loaded_at = loaded_at
         lifecycle.record(event)
         state.lifecycle = lifecycle
@@ -352,8 +366,16 @@ class DiagnosisStage:
         )
 
     def progress(self, job_id: str) -> dict[str, int] | None:
+        """Step, checkpoint and steps lost; when the verdict is a NaN loss or a loss spike, the
+        step of the checkpoint to resume from (`resume_from_step`)."""
         state = self.jobs.get(job_id)
-        return state.progress.as_record() if state is not None else None
+        if state is None:
+            return None
+        record = state.progress.as_record()
+        resume = state.signals.progress()
+        if not resume or state.last is None or state.last[2] not in SIGNAL_TYPES:
+            return record  # the open diagnosis is about something else
+        return {**(record or {}), **resume}
 
     def changed_verdict(self, job_id: str) -> tuple[Verdict, RuleSet] | None:
         """The job's verdict if new evidence changed it since the last call, else None."""
@@ -362,6 +384,7 @@ class DiagnosisStage:
             return None
         state.dirty = False
         verdict = correlate(list(state.events.values()), state.ruleset, state.nodes)
+        verdict = with_resume(verdict, state.signals)
         state.failing = verdict.status is not Status.HEALTHY
         self._file(job_id, state)
         key = verdict_key(verdict)
@@ -399,7 +422,9 @@ class DiagnosisStage:
         for event in new:  # past MAX_EVENTS_PER_JOB too: stored evidence is bounded already
             state.events.setdefault(event_key(event), event)
         state.nodes.update(nodes)
-        verdict = correlate(list(state.events.values()), state.ruleset, state.nodes)
+        verdict = with_resume(
+            correlate(list(state.events.values()), state.ruleset, state.nodes), state.signals
+        )
         state.failing = verdict.status is not Status.HEALTHY
         state.last = verdict_key(verdict)
         self._file(job_id, state)

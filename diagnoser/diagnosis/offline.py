@@ -36,9 +36,12 @@ from diagnoser.diagnosis.hang import (
 )
 from diagnoser.diagnosis.progress import Progress
 from diagnoser.diagnosis.trace import Trace, assemble
+from diagnoser.diagnosis.signals import FAILURE_TYPES as SIGNAL_TYPES
+from diagnoser.diagnosis.signals import SignalReader, unexplained, with_resume
 from diagnoser.ingest.framing import Framer, LineBatch
 from diagnoser.ingest.prefixes import LineHosts, host_of
 from diagnoser.rules import Action, Category, JobScanner, RuleEvent, RuleSet
+from diagnoser.templates.signals import SignalConfig
 
 READ_BYTES = 256 * 1024
 TAIL_LINES = 5
@@ -85,6 +88,8 @@ class OfflineResult:
     progress: Mapping[str, int] | None = None
     llm: Mapping[str, Any] | None = None
     """The LLM's vote record (decided or not) when one was asked, as the service stores it."""
+    resume_from_step: int | None = None
+    """After a NaN loss or a loss spike: the step of the last checkpoint saved before it."""
 
     @property
     def unresolved(self) -> bool:
@@ -216,6 +221,7 @@ class OfflineResult:
             "xid": entities.get("xid"),
             "pci": entities.get("pci"),
             "votes": dict(self.llm) if self.llm is not None else None,
+            "resume_from_step": self.resume_from_step,
         }
 
 
@@ -324,10 +330,12 @@ def scan(
     tails: list[NodeTail] | None = None,
     progress: Progress | None = None,
     seen: Scan | None = None,
+    signals: SignalReader | None = None,
 ) -> list[RuleEvent]:
     """Rule events of every file; `tails` receives each file's last lines, `progress` sees
     every batch and `seen` learns nodes and origins, when given (the hang check needs the
-    first two, the report the last)."""
+    first two, the report the last); `signals` reads every batch's training numbers, its NaN
+    losses and loss spikes joining the events."""
     scanner = JobScanner(ruleset)
     seen = seen if seen is not None else Scan()
     events: list[RuleEvent] = []
@@ -338,8 +346,12 @@ def scan(
         file_events: list[RuleEvent] = []
         with log.path.open("rb") as handle:
             for batch in frame_file(handle):
+                batch_events: list[RuleEvent] = []
                 for node, part in runs.parts(batch):
-                    file_events.extend(scanner.feed(node, None, part, 0.0))
+                    batch_events.extend(scanner.feed(node, None, part, 0.0))
+                file_events.extend(batch_events)
+                if signals is not None and (raised := signals.feed(log.node, None, batch, 0.0)):
+                    file_events.extend(unexplained(raised, batch_events))
                 if progress is not None:
                     progress.observe(batch)
                 start = max(0, len(batch.lines) - TAIL_LINES)
@@ -371,12 +383,14 @@ def diagnose(
     stalled_for: float | None = None,
     hang_timeout: float = DEFAULT_TIMEOUT_S,
     hang_action: Action = DEFAULT_ACTION,
+    signal_config: SignalConfig | None = None,
 ) -> OfflineResult:
     tails: list[NodeTail] = []
     progress = Progress()
     seen = Scan()
-    events = scan(logs, ruleset, tails, progress, seen)
-    verdict = correlate(events, ruleset, list(seen.nodes))
+    signals = SignalReader(signal_config or SignalConfig())
+    events = scan(logs, ruleset, tails, progress, seen, signals)
+    verdict = with_resume(correlate(events, ruleset, list(seen.nodes)), signals)
     if (
         verdict.status is Status.HEALTHY
         and stalled_for is not None
@@ -384,8 +398,15 @@ def diagnose(
         and not finished(tails)
     ):
         verdict = hang_verdict(stalled_for, tails, progress.as_record(), action=hang_action)
+    resume = signals.resume_from_step if verdict.failure_type in SIGNAL_TYPES else None
     return OfflineResult(
-        verdict, seen.nodes, seen.origins, tuple(events), tuple(tails), progress.as_record()
+        verdict,
+        seen.nodes,
+        seen.origins,
+        tuple(events),
+        tuple(tails),
+        progress.as_record(),
+        resume_from_step=resume,
     )
 
 

@@ -93,6 +93,7 @@ FAILURE_TYPES: dict[str, _FT] = {
     "illegal_memory_access": (Category.USER_CODE, Action.NOTIFY_USER),
     "device_side_assert": (Category.USER_CODE, Action.NOTIFY_USER),
     "nan_loss": (Category.USER_CODE, Action.NOTIFY_USER),
+    "loss_spike": (Category.USER_CODE, Action.NOTIFY_USER),
     "<ExceptionType>": (Category.USER_CODE, Action.NOTIFY_USER),
     "segfault": (Category.FRAMEWORK, Action.ESCALATE),
     "cuda_error": (Category.FRAMEWORK, Action.ESCALATE),

@@ -139,7 +139,9 @@ class Signal:
 class SignalConfig:
     spike_factor: float = 1.5
     window: int = 20
-    """Losses (and throughputs) in the rolling mean; no spike is called before half of it."""
+    """Losses (and throughputs) in the rolling mean."""
+    min_window: int = 10
+    """No spike or drop is called before this many values are in the mean (at most `window`)."""
     drop_factor: float = 0.5
     max_signals: int = 100
 
@@ -199,7 +201,7 @@ class Signals:
             self._raise(SignalKind.NAN_LOSS, line_no, value, None)
             return
         window = self._losses
-        if len(window) >= max(1, self.config.window // 2):
+        if len(window) >= self._min_window:
             mean = sum(window) / len(window)
             if mean > 0 and value > self.config.spike_factor * mean:
                 self._raise(SignalKind.LOSS_SPIKE, line_no, value, mean)
@@ -208,10 +210,14 @@ class Signals:
         if len(window) > self.config.window:
             window.popleft()
 
+    @property
+    def _min_window(self) -> int:
+        return max(1, min(self.config.min_window, self.config.window))
+
     def _rate(self, value: float, line_no: int) -> None:
         self.throughput = value
         window = self._rates
-        if len(window) >= max(1, self.config.window // 2):
+        if len(window) >= self._min_window:
             mean = sum(window) / len(window)
             if mean > 0 and value < self.config.drop_factor * mean:
                 self._raise(SignalKind.THROUGHPUT_DROP, line_no, value, mean)

@@ -16,7 +16,7 @@ CONTRACT_KEYS = {
     "status", "category", "failure_type", "action", "culprit_nodes", "confidence", "source",
     "rule_ids", "summary", "evidence",
 }  # fmt: skip
-ADDED_KEYS = {"culprit_reason", "xid", "pci", "votes"}
+ADDED_KEYS = {"culprit_reason", "xid", "pci", "votes", "resume_from_step"}
 """Keys added after the contract was first published; the contract keys never go away."""
 
 TIMEOUT = (
