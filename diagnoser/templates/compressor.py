@@ -33,10 +33,6 @@ _RANK = regex.compile(
     r"|^[A-Za-z][\w.-]{0,62}:\d+:\d+ \[(\d{1,4})\]"
 )
 _NODE = regex.compile(r"^([A-Za-z][\w.-]{0,62}):\d+:\d+ \[\d+\]|\b(?:host|node)[=: ]([\w.-]{1,63})")
-_FAMILY_NOISE = regex.compile(
-    r"(?i)[-_.]?(?:\d{4}-?\d{2}-?\d{2}(?:[-_T]?\d{2}:?\d{2}(?::?\d{2})?)?|[0-9a-f]{7,40}"
-    r"|run\d+|v\d+|\d+)(?=$|[-_.])"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +53,6 @@ class CompressorConfig:
     engine: str = "auto"
     """Matcher and guard engine: "hyperscan", "regex" or "auto"."""
     miner: MinerConfig = field(default_factory=MinerConfig)
-
-
-def family_of(job_name: str) -> str:
-    """A job family from a job name: run numbers, dates and hashes stripped."""
-    stem = job_name.rsplit("/", 1)[-1]
-    stem = regex.sub(r"\.(?:log|txt|out|err)$", "", stem)
-    family = _FAMILY_NOISE.sub("", stem).strip("-_. ")
-    return family or stem
 
 
 @dataclass(frozen=True, slots=True)
