@@ -17,7 +17,7 @@ from diagnoser.api.errors import ApiError, responses
 from diagnoser.ingest.schemas import MAX_NAME_LENGTH
 from diagnoser.store.filters import DISABLED_BY_API
 from diagnoser.store.models import FilterRow
-from diagnoser.templates.compressor import KeptLine, Run
+from diagnoser.templates.compressor import Entry, KeptLine, Run
 from diagnoser.templates.schemas import (
     FilterOut,
     FilterPage,
@@ -65,7 +65,9 @@ async def job_log(
     texts = {t.id: t.text for t in compressor.templates()}
     texts.update({f.template_id: f.template for f in compressor.filters.filters})
     entries: list[KeptLineOut | RunOut | StormOut] = []
-    for e in log.entries(texts, compressor.config.storm_min)[:limit]:
+    job = stage.jobs[job_id]
+    tail: list[Entry] = [] if log.full else list(job.pending_runs())
+    for e in [*log.entries(texts, compressor.config.storm_min), *tail][:limit]:
         if isinstance(e, KeptLine):
             entries.append(_line(e))
         elif isinstance(e, Run):

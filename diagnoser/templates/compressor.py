@@ -373,6 +373,14 @@ class JobCompression:
             log.kept.append(KeptLine(line_no, line, tid, reason, rank, node))
         return tid
 
+    def pending_runs(self) -> list[Run]:
+        """The filtered runs since the last kept line (still open: a live job's log tail)."""
+        texts = {f.template_id: f.template for f in self.compressor.filters.filters}
+        return [
+            Run(tid, texts.get(tid, ""), n, self._pending_first[tid])
+            for tid, n in self._pending.items()
+        ]
+
     def finish(self) -> JobLog:
         """End of the job's input: close the last filtered runs."""
         self._flush_runs()

@@ -72,7 +72,7 @@ def test_the_log_interleaves_kept_lines_and_filtered_runs(
     runs = [e for e in body["entries"] if e["kind"] == "run"]
     assert runs
     assert all(e["text"].startswith(f"[x {e['count']:,} lines] ") for e in runs)
-    assert any("iteration <" in e["template"] for e in runs)
+    assert any("iteration" in e["template"] and "lm loss" in e["template"] for e in runs)
     kept = [e for e in body["entries"] if e["kind"] == "line"]
     assert [e["line_no"] for e in kept] == sorted(e["line_no"] for e in kept)
     assert all(e["node"] == "node-1" for e in kept)
@@ -130,12 +130,17 @@ def test_a_second_job_of_the_family_starts_compressed(
 def test_another_replica_starts_with_the_stored_filters(
     env: dict[str, str], service: ServiceProcess, first_job: dict[str, Any]
 ) -> None:
-    for replica in run_service(env):
+    replica = ServiceProcess(env=env)
+    replica.start()
+    try:
         response = httpx.put(f"{replica.base_url}/v1/jobs/llama-70b-run9", json={})
         assert response.status_code == 200, response.text
         post_text(replica, "llama-70b-run9", "node-1", "\n".join(THIRD[:1000]) + "\n")
         third = counts(replica, "llama-70b-run9")
-        assert third["lines_kept"] * 3 <= first_job["lines_kept"], (third, first_job)
+    finally:
+        replica.stop()
+    # The filters only (the first replica's miner stays there): at most half.
+    assert third["lines_kept"] * 2 <= first_job["lines_kept"], (third, first_job)
 
 
 def test_disabling_a_filter_keeps_its_lines_again(
