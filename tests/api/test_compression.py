@@ -99,9 +99,10 @@ def test_templates_list_counts_samples_and_filtered(
     assert body["family"] == FAMILY
     filtered = [t for t in templates if t["filtered"]]
     assert filtered
-    assert sum(t["filtered_in_job"] for t in templates) == counts(service, "llama-70b-run7")[
-        "lines_filtered"
-    ]
+    assert (
+        sum(t["filtered_in_job"] for t in templates)
+        == counts(service, "llama-70b-run7")["lines_filtered"]
+    )
     assert all(t["samples"] for t in filtered if t["id"] > 0)
     assert not any(t["filtered"] for t in templates if "RuntimeError" in t["text"])
 
