@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from megatron_log import megatron_lines
 
-from bench.megatron_log import megatron_lines
 from tests.conftest import backend_env, run_service
 from tests.servers import ServiceProcess, post_text, wait_until
 
