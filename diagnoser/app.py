@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from uvicorn.config import LOGGING_CONFIG
 
 from diagnoser import __version__
-from diagnoser.api import diagnoses, errors, health, jobs, logs, nodes, rules
+from diagnoser.api import compression, diagnoses, errors, health, jobs, logs, nodes, rules
 from diagnoser.api.deps import Resources
 from diagnoser.config import Settings
 from diagnoser.diagnosis.escalation import AGREEMENT_BUCKETS, Escalator
@@ -38,7 +38,12 @@ from diagnoser.store.database import (
     create_service_engine,
     parse_database_url,
 )
+from diagnoser.store.filters import FilterStore
 from diagnoser.store.migrate import head_revision, upgrade
+from diagnoser.templates.stage import CompressionStage
+
+FILTER_SYNC_INTERVAL_S = 2.0
+"""How often learned filters reach the database and other replicas' changes come back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +169,9 @@ def create_app(settings: Settings) -> FastAPI:
             registry, hang_action=Action(settings.hang.action), signals=settings.signals.config()
         )
         counter = LineCounter()
-        pipeline = Pipeline([counter, stage])
+        compression_stage = CompressionStage(registry)
+        pipeline = Pipeline([counter, compression_stage, stage])
+        filter_store = FilterStore(sessions, compression_stage)
         hub = DiagnosisHub()
         metrics.diagnosis_watchers.set_function(lambda: hub.watchers)
         flow = DiagnosisFlow(sessions, stage, hub)
@@ -192,6 +199,8 @@ def create_app(settings: Settings) -> FastAPI:
             reloader=reloader,
             hub=hub,
             flow=flow,
+            compression=compression_stage,
+            filters=filter_store,
         )
         stop_watching = anyio.Event()
         try:
@@ -201,6 +210,7 @@ def create_app(settings: Settings) -> FastAPI:
                 background.start_soon(
                     flow.watch_stalls, settings.hang.timeout_s, settings.hang.check_interval_s
                 )
+                background.start_soon(filter_store.watch, FILTER_SYNC_INTERVAL_S)
                 if flow.escalator is not None:
                     background.start_soon(flow.escalator.run)
                 try:
@@ -226,6 +236,6 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     errors.install(app)
-    for module in (health, logs, jobs, rules, diagnoses, nodes):
+    for module in (health, logs, jobs, compression, rules, diagnoses, nodes):
         app.include_router(module.router)
     return app

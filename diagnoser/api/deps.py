@@ -19,6 +19,8 @@ from diagnoser.observability import Metrics
 from diagnoser.pipeline import Pipeline
 from diagnoser.reload import RuleReloader
 from diagnoser.store.database import DatabaseUrl, Sessions
+from diagnoser.store.filters import FilterStore
+from diagnoser.templates.stage import CompressionStage
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,9 @@ class Resources:
     hub: DiagnosisHub
     flow: DiagnosisFlow
     """The diagnosis flow; lifecycle events (a start, an exit) are told to it."""
+    compression: CompressionStage
+    """The compression stage: each job's compressed log, its family's templates and filters."""
+    filters: FilterStore
 
 
 def get_resources(request: Request) -> Resources:

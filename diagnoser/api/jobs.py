@@ -15,6 +15,7 @@ from diagnoser.diagnosis.hang import LifecycleEvent
 from diagnoser.ingest.events import signal_name
 from diagnoser.ingest.records import parse_time
 from diagnoser.ingest.schemas import (
+    CompressionCounts,
     JobDetail,
     JobEventIn,
     JobEventOut,
@@ -80,8 +81,17 @@ async def get_job(job_id: JobId, resources: ResourcesDep) -> JobDetail:
                 .order_by(JobEventRow.ts)
             )
         )
+    log = resources.compression.log(job_id)
     return JobDetail(
         **JobSummary.model_validate(job).model_dump(),
+        compression=None
+        if log is None
+        else CompressionCounts(
+            lines_in=log.lines_in,
+            lines_kept=log.lines_kept,
+            lines_filtered=log.lines_in - log.lines_kept,
+            ratio=log.ratio,
+        ),
         nodes=sorted({s.node for s in streams}),
         ranks=sorted({s.rank for s in streams if s.rank is not None}),
         streams=[StreamStatus.model_validate(s) for s in streams],
@@ -100,7 +110,10 @@ async def put_job(job_id: JobId, metadata: JobMetadata, resources: ResourcesDep)
         for key, value in values.items():
             setattr(job, key, value)
         await session.flush()
-        return JobSummary.model_validate(job)
+        summary = JobSummary.model_validate(job)
+    # Before the job's first line: its family's stored filters compress it from the start.
+    await resources.filters.prepare(job_id, summary.family)
+    return summary
 
 
 @router.post(

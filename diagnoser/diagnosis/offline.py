@@ -35,9 +35,9 @@ from diagnoser.diagnosis.hang import (
     hang_verdict,
 )
 from diagnoser.diagnosis.progress import Progress
-from diagnoser.diagnosis.trace import Trace, assemble
 from diagnoser.diagnosis.signals import FAILURE_TYPES as SIGNAL_TYPES
 from diagnoser.diagnosis.signals import SignalReader, unexplained, with_resume
+from diagnoser.diagnosis.trace import Trace, assemble
 from diagnoser.ingest.framing import Framer, LineBatch
 from diagnoser.ingest.prefixes import LineHosts, host_of
 from diagnoser.rules import Action, Category, JobScanner, RuleEvent, RuleSet

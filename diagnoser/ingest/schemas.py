@@ -165,11 +165,23 @@ class JobSummary(BaseModel):
     last_activity_at: datetime
 
 
+class CompressionCounts(BaseModel):
+    """What compression did to a job's lines on the replica that answers (in memory)."""
+
+    lines_in: int
+    lines_kept: int
+    lines_filtered: int
+    ratio: float = Field(description="lines_kept / lines_in; 0 for no lines.")
+
+
 class JobDetail(JobSummary):
     nodes: list[str]
     ranks: list[int]
     streams: list[StreamStatus]
     exits: list[JobEventOut]
+    compression: CompressionCounts | None = Field(
+        default=None, description="None when this replica has not compressed the job."
+    )
 
 
 class JobPage(BaseModel):

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Dialect,
     Float,
@@ -187,19 +188,32 @@ class ActionRow(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
 
 
-class FilterSetRow(Base):
-    """A learned, validated regex filter set, reused across the jobs of one family."""
+class FilterRow(Base):
+    """One learned, validated regex filter, shared by every replica and every job of its scope.
 
-    __tablename__ = "filter_sets"
-    __table_args__ = (UniqueConstraint("family", "version"),)
+    Scope `family` (the default for learned filters: `family` names it), `global` (every
+    family) or `job` (`job_id` names it). `template` is the template text it came from; `hits`
+    adds up what every replica filtered; `version` grows with each enable or disable.
+    """
+
+    __tablename__ = "filters"
+    __table_args__ = (Index("ix_filters_scope_family", "scope", "family"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    family: Mapped[str] = mapped_column(String(253))
-    version: Mapped[int] = mapped_column(Integer)
-    patterns: Mapped[list[str]] = mapped_column(Json, default=list)
-    jobs_seen: Mapped[int] = mapped_column(Integer, default=0)
+    scope: Mapped[str] = mapped_column(String(16))
+    family: Mapped[str | None] = mapped_column(String(253))
+    job_id: Mapped[str | None] = mapped_column(String(253))
+    template: Mapped[str] = mapped_column(Text)
+    pattern: Mapped[str] = mapped_column(Text)
+    proposer: Mapped[str] = mapped_column(String(16))
+    names: Mapped[list[str]] = mapped_column(Json, default=list)
+    hits: Mapped[int] = mapped_column(BigInteger, default=0)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    version: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
-    validated_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    last_hit_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
 
 
 class LlmVerdictRow(Base):

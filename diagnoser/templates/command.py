@@ -30,8 +30,8 @@ from diagnoser.templates.compressor import (
     KeptLine,
     Run,
     Storm,
-    family_of,
 )
+from diagnoser.templates.family import family_of
 
 BATCH_LINES = 4096
 _err = Console(stderr=True, highlight=False, soft_wrap=True)

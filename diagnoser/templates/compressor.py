@@ -33,10 +33,6 @@ _RANK = regex.compile(
     r"|^[A-Za-z][\w.-]{0,62}:\d+:\d+ \[(\d{1,4})\]"
 )
 _NODE = regex.compile(r"^([A-Za-z][\w.-]{0,62}):\d+:\d+ \[\d+\]|\b(?:host|node)[=: ]([\w.-]{1,63})")
-_FAMILY_NOISE = regex.compile(
-    r"(?i)[-_.]?(?:\d{4}-?\d{2}-?\d{2}(?:[-_T]?\d{2}:?\d{2}(?::?\d{2})?)?|[0-9a-f]{7,40}"
-    r"|run\d+|v\d+|\d+)(?=$|[-_.])"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +53,6 @@ class CompressorConfig:
     engine: str = "auto"
     """Matcher and guard engine: "hyperscan", "regex" or "auto"."""
     miner: MinerConfig = field(default_factory=MinerConfig)
-
-
-def family_of(job_name: str) -> str:
-    """A job family from a job name: run numbers, dates and hashes stripped."""
-    stem = job_name.rsplit("/", 1)[-1]
-    stem = regex.sub(r"\.(?:log|txt|out|err)$", "", stem)
-    family = _FAMILY_NOISE.sub("", stem).strip("-_. ")
-    return family or stem
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +372,14 @@ class JobCompression:
             log._order.append((0, len(log.kept)))
             log.kept.append(KeptLine(line_no, line, tid, reason, rank, node))
         return tid
+
+    def pending_runs(self) -> list[Run]:
+        """The filtered runs since the last kept line (still open: a live job's log tail)."""
+        texts = {f.template_id: f.template for f in self.compressor.filters.filters}
+        return [
+            Run(tid, texts.get(tid, ""), n, self._pending_first[tid])
+            for tid, n in self._pending.items()
+        ]
 
     def finish(self) -> JobLog:
         """End of the job's input: close the last filtered runs."""

@@ -309,6 +309,33 @@ class FilterSet:
             self._stale = True
         self._memo.clear()
 
+    def adopt(self, f: Filter) -> Filter:
+        """Add a filter validated elsewhere (the family's stored set, another replica).
+
+        It gets a fresh local id; its template id is the caller's (one outside this miner's
+        ids, so its runs never mix with a local template's)."""
+        f.id = max((x.id for x in self.filters), default=0) + 1
+        self.filters.append(f)
+        if f.enabled and self._matcher is not None:
+            self._pending.append(f)
+            self._pending_matcher = None
+        self._stale = True
+        self._memo.clear()
+        return f
+
+    def enable(self, f: Filter) -> None:
+        """Turn a disabled filter back on (a person's decision); it joins the pending tier."""
+        if f.enabled:
+            return
+        f.enabled = True
+        f.disabled_reason = None
+        f.version += 1
+        if self._matcher is not None and f not in self._pending and f not in self._active:
+            self._pending.append(f)
+            self._pending_matcher = None
+        self._stale = True
+        self._memo.clear()
+
     def _record(self, records: list[Any], item: object) -> None:
         records.append(item)
         if len(records) > self.MAX_RECORDS:

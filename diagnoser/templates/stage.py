@@ -3,8 +3,8 @@
 A job's family comes from `set_family` (job metadata) or, failing that, from its id with run
 numbers, dates and hashes stripped (`family_of`). A new job of a known family starts with the
 family's filters. Jobs and families are bounded (least recently active evicted); each job's
-log stores at most `max_entries` kept lines and runs (its counts keep growing). No database:
-filters live as long as the process (storage is for later, see docs/compression.md).
+log stores at most `max_entries` kept lines and runs (its counts keep growing). Pure and in
+memory: `diagnoser.store.filters.FilterStore` keeps the families' filters in the database.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from diagnoser.templates.compressor import (
     CompressorConfig,
     JobCompression,
     JobLog,
-    family_of,
 )
+from diagnoser.templates.family import family_of
 
 MAX_JOBS = 1000
 MAX_FAMILIES = 100
@@ -85,6 +85,11 @@ class CompressionStage:
         job.feed(batch.lines, stream=f"{key.node}/{key.stream}", ranks=batch.ranks, node=key.node)
         self.lines_in += len(batch.lines)
         self.lines_kept += job.log.lines_kept - before
+
+    def job_compressor(self, job_id: str) -> Compressor | None:
+        """The family compressor of a job this stage has seen (None once evicted)."""
+        job = self.jobs.get(job_id)
+        return None if job is None else job.compressor
 
     def log(self, job_id: str) -> JobLog | None:
         job = self.jobs.get(job_id)

@@ -12,13 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.api.test_llm_stage import (
-    UNKNOWN_FAILURE,
-    answer,
-    only_diagnosis,
-    service_env,
-    wait_for_llm,
-)
+from tests.api.llm_service import diagnose, llm_services, wait_for_llm
+from tests.api.test_llm_stage import UNKNOWN_FAILURE, answer
 from tests.conftest import run_service
 from tests.llm.scripted_llm import Reply, scripted_llm
 from tests.servers import ServiceProcess, post_text
@@ -149,16 +144,14 @@ def test_a_path_in_the_id_stays_inside_the_diagnoses_api(
 def test_show_prints_the_llm_vote_as_written(tmp_path: Path) -> None:
     outsider = answer(category="hardware", action="cordon_node_and_restart", culprit_nodes=["[x]"])
     good = answer(summary="The script raised [bold red]FluxCapacitorError[/bold red].")
-    with scripted_llm([Reply(outsider)] + [Reply(good)] * 4) as llm:
-        service = ServiceProcess(env=service_env(tmp_path, llm))
-        service.start()
-        try:
-            posted = post_text(service, "voted-run", "gpu-1", UNKNOWN_FAILURE)
-            diagnosis_id = only_diagnosis(posted)
-            wait_for_llm(service, diagnosis_id)
-            shown = cli(service, "show", diagnosis_id)
-        finally:
-            service.stop()
+    with (
+        scripted_llm([Reply(outsider)] + [Reply(good)] * 4) as llm,
+        llm_services(tmp_path / "data") as start,
+    ):
+        service = start(llm)
+        diagnosis_id = diagnose(service, "voted-run", "gpu-1", UNKNOWN_FAILURE)
+        wait_for_llm(service, diagnosis_id)
+        shown = cli(service, "show", diagnosis_id)
     assert shown.returncode == 0, shown.stderr
     assert "[bold red]FluxCapacitorError[/bold red]" in shown.stdout, "LLM text is not markup"
     assert "LLM vote: decided with 0.80 of the votes (k 5, asked 5)" in shown.stdout

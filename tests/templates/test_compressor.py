@@ -13,8 +13,8 @@ from diagnoser.templates.compressor import (
     KeptLine,
     Run,
     Storm,
-    family_of,
 )
+from diagnoser.templates.family import family_of
 from diagnoser.templates.signals import SignalKind
 from tests.templates.corpus import pack
 
