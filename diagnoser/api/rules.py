@@ -11,7 +11,7 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel
 
 from diagnoser.api.deps import Resources, ResourcesDep
-from diagnoser.api.errors import ApiError, ErrorBody
+from diagnoser.api.errors import ApiError, ErrorBody, responses
 from diagnoser.llm.suggestions import Suggestion, Withheld, rule_id, suggest
 from diagnoser.rules import RuleLoadError
 from diagnoser.rules.learned import LEARNED_FILE, add_rule, snippet
@@ -182,11 +182,16 @@ async def list_suggestions(resources: ResourcesDep) -> SuggestionsView:
 @router.post(
     "/suggestions/{suggestion_id}/accept",
     response_model=AcceptedView,
-    responses={
-        404: {"description": "not offered"},
-        409: {"description": "already in the pack"},
-        422: {"description": "rejected by the rule checks"},
-    },
+    responses=responses(
+        404,
+        409,
+        422,
+        described={
+            404: "not offered",
+            409: "already in the pack",
+            422: "rejected by the rule checks, or an invalid id",
+        },
+    ),
 )
 async def accept_suggestion(suggestion_id: SuggestionId, resources: ResourcesDep) -> AcceptedView:
     """A person enables a suggested rule: it is written to the rule directory's learned file
