@@ -8,8 +8,8 @@ rule without a usable anchor would either never fire or cost a regex run on ever
 from __future__ import annotations
 
 import re
-from re import _constants as sre  # type: ignore[attr-defined]
-from re import _parser as sre_parse  # type: ignore[attr-defined]
+from re import _constants as sre  # type: ignore[attr-defined,unused-ignore]
+from re import _parser as sre_parse  # type: ignore[attr-defined,unused-ignore]
 from typing import Any
 
 MIN_DERIVED = 4
