@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
 import psycopg
@@ -27,7 +28,7 @@ REQUIRE_SERVICES = os.environ.get("CI") == "true" or os.environ.get(
 ) in {"1", "true"}
 
 
-def missing_service(message: str) -> None:
+def missing_service(message: str) -> NoReturn:
     """In CI a missing server fails the run; on a laptop it skips with the reason."""
     if REQUIRE_SERVICES:
         pytest.fail(f"{message} (required because CI=true or DIAGNOSER_TEST_REQUIRE_SERVICES=1)")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+
+from tests.servers import missing_service
 
 ROOT = Path(__file__).resolve().parents[2]
 _CANDIDATES = (
@@ -20,7 +21,4 @@ def loghub_dir() -> Path:
     for path in _CANDIDATES:
         if (path / "HDFS").is_dir():
             return path
-    message = f"Loghub-2k data not found at {_CANDIDATES[0]}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{message} (required in CI)")
-    pytest.skip(message)
+    missing_service(f"Loghub-2k data not found at {_CANDIDATES[0]}")
