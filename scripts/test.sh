@@ -12,4 +12,7 @@ echo "== ruff check" && .venv/bin/ruff check .
 echo "== ruff format --check" && .venv/bin/ruff format --check .
 echo "== mypy --strict" && .venv/bin/mypy diagnoser tests bench
 echo "== import contracts" && .venv/bin/lint-imports
-echo "== pytest" && .venv/bin/pytest "$@"
+# Two workers (this project's machines have two cores), whole files per worker so that a file's
+# module-scoped servers start once; DIAGNOSER_TEST_WORKERS=0 runs in one process.
+workers="${DIAGNOSER_TEST_WORKERS:-2}"
+echo "== pytest (workers: $workers)" && .venv/bin/pytest -n "$workers" --dist loadfile --durations=25 "$@"

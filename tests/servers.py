@@ -42,6 +42,10 @@ def free_port() -> int:
         return port
 
 
+START_TIMEOUT_S = 120.0
+"""How long `diagnoser serve` may take to answer: seconds alone, far more on a loaded machine."""
+
+
 def wait_until(check: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
@@ -182,7 +186,17 @@ class ServiceProcess:
                 raise RuntimeError(f"server exited: {self.log.read_text()[-2000:]}")
             return httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200
 
-        wait_until(alive, 30, "diagnoser serve")
+        try:
+            wait_until(alive, START_TIMEOUT_S, "diagnoser serve")
+        except BaseException:
+            self.kill()  # a server that never answered must not outlive its test
+            raise
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(15)
+            self.process = None
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process is not None:

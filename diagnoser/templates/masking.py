@@ -99,11 +99,19 @@ def tokenize(line: str) -> list[str]:
 
 
 def mask(tokens: Iterable[str]) -> list[str | Slot]:
-    """Each token that is a whole variable part becomes its `Slot`; the others stay as they are."""
+    """Each token that is a whole variable part of the line becomes its `Slot`; the others stay.
+
+    A token is judged where it stands in the joined line, never alone: `/:/:` after `0` is
+    literal text (a path needs a separator before it), though on its own it would read as one.
+    """
+    parts = list(tokens)
+    slots = {m.span(): slot_of_group(m.lastgroup) for m in VARIABLE.finditer("".join(parts))}
     out: list[str | Slot] = []
-    for token in tokens:
-        m = VARIABLE.fullmatch(token)
-        out.append(slot_of_group(m.lastgroup) if m and not token.isspace() else token)
+    start = 0
+    for token in parts:
+        end = start + len(token)
+        out.append(slots.get((start, end), token))
+        start = end
     return out
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.servers import free_port, wait_until
@@ -81,12 +80,11 @@ def test_unparsable_url_exits_2_at_once(tmp_path: Path) -> None:
 def test_unreachable_server_exits_2_after_the_start_timeout(tmp_path: Path) -> None:
     path = tmp_path / "train.log"
     path.write_bytes(b"hello\n")
-    started = time.monotonic()
+    # Without the start timeout it would retry for ever: `ship` fails the test at its 60 s cap.
     result = ship(str(path), "--server", f"http://127.0.0.1:{free_port()}", "--job", "j",
                   "--node", "n1", "--start-timeout", "0.5")  # fmt: skip
     assert result.returncode == 2
     assert "cannot reach http://127.0.0.1:" in one_error_line(result)
-    assert time.monotonic() - started < 10
 
 
 def test_missing_file_exits_2(tmp_path: Path) -> None:

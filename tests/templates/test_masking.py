@@ -122,3 +122,8 @@ def test_lines_with_the_same_coarse_skeleton_mask_the_same(line: str, rnd: rando
 def test_no_digit_survives_masking(line: str) -> None:
     for word in line.split():
         assert not any(c.isdigit() for c in mask_word(word)), word
+
+
+def test_a_token_is_masked_where_it_stands_in_the_line() -> None:
+    """`/:/:` right after a number is no path (no separator before it), in either masking."""
+    assert masked("0/:/:") == render_masked(mask_word("0/:/:")) == "<int>/:/:"
