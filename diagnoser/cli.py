@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import signal
 import socket
@@ -429,7 +430,9 @@ def plain_help(command: Any) -> Any:
     return command
 
 
-def main() -> None:
+@functools.cache
+def command() -> Any:
+    """The whole command line as one click command, built once (tests invoke it in process)."""
     from diagnoser.diagnosis.console import diagnoses_app
     from diagnoser.evaluation.command import evaluate
     from diagnoser.shipper.command import ship
@@ -441,8 +444,12 @@ def main() -> None:
     app.command("run")(run)
     app.command("eval")(evaluate)
     app.add_typer(diagnoses_app, name="diagnoses")
+    return plain_help(typer.main.get_command(app))
+
+
+def main() -> None:
     try:
-        plain_help(typer.main.get_command(app))(prog_name="diagnoser")
+        command()(prog_name="diagnoser")
     except ValidationError as exc:
         if exc.title != Settings.__name__:
             raise
