@@ -1,1 +1,1 @@
-"""The reference Kubernetes operator: claims recovery actions from the service and carries them out."""
+"""The reference Kubernetes operator: claims recovery actions and carries them out."""
