@@ -432,6 +432,7 @@ def plain_help(command: Any) -> Any:
 def main() -> None:
     from diagnoser.diagnosis.console import diagnoses_app
     from diagnoser.evaluation.command import evaluate
+    from diagnoser.operator.command import operator
     from diagnoser.shipper.command import ship
     from diagnoser.shipper.run import run
     from diagnoser.templates.command import compress
@@ -440,6 +441,7 @@ def main() -> None:
     app.command("ship")(ship)
     app.command("run")(run)
     app.command("eval")(evaluate)
+    app.command("operator")(operator)
     app.add_typer(diagnoses_app, name="diagnoses")
     try:
         plain_help(typer.main.get_command(app))(prog_name="diagnoser")
