@@ -107,7 +107,7 @@ def operator(
         typer.Option(
             "--verify-command",
             envvar="DIAGNOSER_VERIFY_COMMAND",
-            help="Command of the test container, split like a shell (default: all_gather_perf ...).",
+            help="Test container command, split like a shell (default: all_gather_perf ...).",
             show_default=False,
         ),
     ] = None,
