@@ -62,6 +62,8 @@ class LoopSettings:
     backoff_max_seconds: float = 30.0
     remembered: int = 4096
     """Outcomes kept by idempotency key for redeliveries."""
+    extend_every_seconds: float | None = None
+    """Lease extension period; None: a third of the lease."""
 
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -164,7 +166,7 @@ class Operator:
         raise AssertionError("unreachable")
 
     async def _keep_lease(self, action: ActionView) -> None:
-        period = max(1.0, self.settings.lease_seconds / 3)
+        period = self.settings.extend_every_seconds or max(1.0, self.settings.lease_seconds / 3)
         request = ExtendRequest(
             operator_id=self.settings.operator_id, lease_seconds=self.settings.lease_seconds
         )
