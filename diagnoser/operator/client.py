@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from diagnoser.operator.wire import (
     ActionView,
@@ -80,7 +81,10 @@ class ActionClient:
         body = await self._post(
             "/v1/actions/claim", request.model_dump(mode="json", exclude_none=True), poll
         )
-        return ClaimResponse.model_validate(body).actions
+        try:
+            return ClaimResponse.model_validate(body).actions
+        except ValidationError as exc:
+            raise ActionApiError(0, f"unreadable claim answer: {exc.error_count()} errors") from exc
 
     async def complete(self, action_id: int, request: CompleteRequest) -> ActionView:
         body = await self._post(

@@ -158,6 +158,9 @@ class Operator:
                     return Outcome.failed(reason)
             except urllib3.exceptions.HTTPError as exc:
                 reason = f"Kubernetes API unreachable: {type(exc).__name__}"
+            except Exception as exc:  # a surprise in an object's shape must not stop the loop
+                log.exception("action %s: unexpected error", action.id)
+                return Outcome.failed(f"operator error: {type(exc).__name__}: {exc}")
             if attempt == attempts:
                 return Outcome.failed(f"{reason} (gave up after {attempts} attempts)")
             delay = self.backoff(attempt)

@@ -217,3 +217,24 @@ async def test_stop_leaves_a_verification_to_its_lease(
     assert script.state(5) == "claimed"
     # The test Job stays for the next delivery to pick up.
     assert emulator.names("batch/v1/jobs", "diagnoser") == ["diagnoser-verify-5-r1-g0"]
+
+
+async def test_an_unexpected_object_shape_fails_the_action_not_the_loop(
+    cluster: Cluster, emulator: Emulator
+) -> None:
+    node_and_pods(cluster)
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "train-42", "namespace": "ml"},
+        "spec": {"runPolicy": {"backoffLimit": "three"}},
+    }
+    cluster.custom.create_namespaced_custom_object("kubeflow.org", "v1", "ml", "pytorchjobs", job)
+    script = ScriptedActions()
+    target = {"namespace": "ml", "workload_kind": "PyTorchJob", "name": "train-42"}
+    script.add(action(1, ActionKind.RESTART_JOB, target))
+    script.add(action(2, ActionKind.CORDON_NODE, CORDON))
+    async with running(script, cluster):
+        await until(lambda: script.state(1) == "failed" and script.state(2) == "done")
+    (message,) = [body["message"] for action_id, body in script.completions if action_id == 1]
+    assert message.startswith("operator error: ValueError")
