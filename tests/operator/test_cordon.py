@@ -197,3 +197,36 @@ async def test_the_client_works_from_a_worker_thread(cluster: Cluster, emulator:
     outcome = await asyncio.to_thread(do_cordon, cluster)
     assert outcome.status is CompletionStatus.DONE
     assert emulator.raw(NODES, None, "node-3")["spec"]["unschedulable"] is True
+
+
+def test_a_foreign_taint_of_the_same_key_is_left_alone(
+    cluster: Cluster, emulator: Emulator
+) -> None:
+    manual = {"key": "diagnoser.io/faulty", "value": "manual", "effect": "NoSchedule"}
+    make_node(cluster, taints=[manual])
+    original = emulator.raw(NODES, None, "node-3")
+    outcome = do_cordon(cluster)
+    assert outcome.result["taint"] is None
+    node = emulator.raw(NODES, None, "node-3")
+    assert node["spec"]["taints"] == [manual]  # one taint per key and effect, not ours
+    assert "diagnoser.io/taint" not in node["metadata"]["annotations"]
+    do_undo(cluster)
+    assert emulator.raw(NODES, None, "node-3") == original
+
+
+def test_a_later_action_takes_over_the_cordon(cluster: Cluster, emulator: Emulator) -> None:
+    make_node(cluster)
+    original = emulator.raw(NODES, None, "node-3")
+    do_cordon(cluster)
+    later = {**CORDON, "failure_type": "nvlink", "taint_value": "nvlink"}
+    act = action(20, ActionKind.CORDON_NODE, later)
+    cordon(cluster, act, CordonTarget.model_validate(later), now=NOW + timedelta(hours=2))
+    node = emulator.raw(NODES, None, "node-3")
+    assert node["spec"]["taints"][1:] == [
+        {"key": "diagnoser.io/faulty", "value": "nvlink", "effect": "NoSchedule"}
+    ]
+    assert node["metadata"]["annotations"]["diagnoser.io/action-id"] == "20"
+    assert node["metadata"]["annotations"]["diagnoser.io/was-unschedulable"] == "false"
+    assert do_undo(cluster, undo_of=17).result["skipped"] == "carries the cordon of action 20"
+    do_undo(cluster, undo_of=20)
+    assert emulator.raw(NODES, None, "node-3") == original
