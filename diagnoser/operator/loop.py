@@ -6,8 +6,9 @@
   backoff; after the last attempt, or on any other error, the action is completed `failed` with
   the reason. The service decides what happens next (retry later, escalate).
 - Redelivery is safe twice over: every change is idempotent on the cluster (see cordon, restart,
-  verify), and outcomes are remembered by idempotency key, so an action delivered again after its
-  completion was lost in transit is reported again without touching the cluster.
+  verify), and `done` outcomes are remembered by idempotency key, so an action delivered again
+  after its completion was lost in transit is reported again without touching the cluster. A
+  failed one is tried again: the service re-released it on purpose.
 - SIGTERM (the `stop` event) ends claiming at once, lets cordons and restarts in progress finish
   and report, and aborts verification waits without reporting: their leases expire and the next
   delivery resumes with the test Jobs already created.
@@ -22,7 +23,6 @@ import contextlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import urllib3.exceptions
@@ -43,6 +43,7 @@ from diagnoser.operator.wire import (
     ActionView,
     ClaimRequest,
     CompleteRequest,
+    CompletionStatus,
     ExtendRequest,
 )
 
@@ -66,17 +67,13 @@ class LoopSettings:
     """Lease extension period; None: a third of the lease."""
 
 
-Sleep = Callable[[float], Awaitable[None]]
-
-
 class Operator:
     def __init__(self, client: ActionClient, executor: Executor, settings: LoopSettings) -> None:
         self.client = client
         self.executor = executor
         self.settings = settings
         self.outcomes: OrderedDict[str, Outcome] = OrderedDict()
-        self.completed: list[tuple[int, Outcome]] = []
-        """What this process reported, in order (for logs and tests)."""
+        """`done` outcomes by idempotency key; a failed action is tried again if redelivered."""
         self._thread_stop = threading.Event()
 
     def backoff(self, attempt: int) -> float:
@@ -121,6 +118,8 @@ class Operator:
         stopped.cancel()
         if not claim.done():
             claim.cancel()  # anything claimed in flight is redelivered after its lease
+            with contextlib.suppress(asyncio.CancelledError, ActionApiError):
+                await claim
             return []
         return claim.result()
 
@@ -138,9 +137,10 @@ class Operator:
             if outcome is None:
                 log.info("action %s left to its lease: the operator is stopping", action.id)
                 return
-            self.outcomes[key] = outcome
-            while len(self.outcomes) > self.settings.remembered:
-                self.outcomes.popitem(last=False)
+            if outcome.status is CompletionStatus.DONE:
+                self.outcomes[key] = outcome
+                while len(self.outcomes) > self.settings.remembered:
+                    self.outcomes.popitem(last=False)
         await self._complete(action, outcome)
 
     async def _execute(self, action: ActionView) -> Outcome | None:
@@ -202,7 +202,6 @@ class Operator:
                     return
                 await asyncio.sleep(self.backoff(attempt))
                 continue
-            self.completed.append((action.id, outcome))
             log.info("action %s %s: %s", action.id, outcome.status, outcome.message)
             return
 

@@ -238,3 +238,16 @@ async def test_an_unexpected_object_shape_fails_the_action_not_the_loop(
         await until(lambda: script.state(1) == "failed" and script.state(2) == "done")
     (message,) = [body["message"] for action_id, body in script.completions if action_id == 1]
     assert message.startswith("operator error: ValueError")
+
+
+async def test_a_redelivered_failed_action_is_tried_again(
+    cluster: Cluster, emulator: Emulator
+) -> None:
+    script = ScriptedActions()
+    script.add(action(1, ActionKind.CORDON_NODE, CORDON))  # the node is not there yet
+    async with running(script, cluster):
+        await until(lambda: script.state(1) == "failed")
+        node_and_pods(cluster)
+        script.redeliver(1)
+        await until(lambda: script.state(1) == "done")
+    assert emulator.raw("v1/nodes", None, "node-3")["spec"]["unschedulable"] is True
