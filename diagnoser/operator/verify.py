@@ -27,7 +27,6 @@ from diagnoser.operator.wire import ActionView, VerifyTarget
 LABEL_ACTION = "diagnoser.io/action-id"
 LABEL_ROUND = "diagnoser.io/verify-round"
 LABEL_JOB = "diagnoser.io/verify-job"
-UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
 DEFAULT_IMAGE = "nccl-tests:latest"
 """A local name: build an image with NVIDIA's nccl-tests and set it with --verify-image."""
@@ -47,7 +46,8 @@ class VerifySettings:
     gpus_per_node: int = 8
     """`nvidia.com/gpu` each test pod requests (0: none, e.g. in a test cluster)."""
     taint_key: str = "diagnoser.io/faulty"
-    """Test pods tolerate this taint and cordons, so that cordoned suspects can be re-checked."""
+    """Test pods tolerate this taint and cordons, so that cordoned suspects can be re-checked;
+    nodes carrying it are never known-good."""
     timeout_seconds: float = 900.0
     poll_seconds: float = 5.0
     keep_jobs: bool = False
@@ -129,9 +129,11 @@ def all_gather_job(
                             ]
                         },
                     },
+                    # Pinned to its nodes, the test tolerates what keeps other pods off them
+                    # (a cordon, a dedicated-GPU taint), as a DaemonSet would; not NoExecute.
                     "tolerations": [
                         {"key": settings.taint_key, "operator": "Exists"},
-                        {"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
+                        {"operator": "Exists", "effect": "NoSchedule"},
                     ],
                     "containers": [
                         {
@@ -166,8 +168,19 @@ def job_outcome(job: dict[str, Any]) -> str | None:
     return None
 
 
+def _disqualifying(taint: dict[str, Any], taint_key: str) -> bool:
+    """Our own cordon taint, the node lifecycle taints (not-ready, unreachable, pressure), and any
+    NoExecute taint. Other NoSchedule taints (a dedicated-GPU taint) are tolerated by the test."""
+    key = str(taint.get("key") or "")
+    return (
+        key == taint_key
+        or key.startswith("node.kubernetes.io/")
+        or (taint.get("effect") == "NoExecute")
+    )
+
+
 def known_good(cluster: Cluster, suspects: Sequence[str], taint_key: str) -> list[str]:
-    """Schedulable, Ready nodes with no NoSchedule/NoExecute taint, outside the suspect set."""
+    """Schedulable, Ready nodes outside the suspect set with no disqualifying taint."""
     excluded = set(suspects)
     good: list[str] = []
     for node in cluster.plain(cluster.core.list_node()).get("items") or []:
@@ -175,8 +188,7 @@ def known_good(cluster: Cluster, suspects: Sequence[str], taint_key: str) -> lis
         spec, status = node.get("spec") or {}, node.get("status") or {}
         if not name or name in excluded or spec.get("unschedulable"):
             continue
-        taints = spec.get("taints") or []
-        if any(t.get("effect") in {"NoSchedule", "NoExecute"} for t in taints):
+        if any(_disqualifying(taint, taint_key) for taint in spec.get("taints") or []):
             continue
         conditions = status.get("conditions")
         if conditions is not None and not any(

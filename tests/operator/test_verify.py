@@ -105,10 +105,14 @@ SUSPECTS = ["node-0", "node-1", "node-2", "node-3", "node-4"]
 def suspect_cluster(cluster: Cluster) -> None:
     for name in SUSPECTS:
         add_node(cluster, name)
-    add_node(cluster, "good-0")
+    gpu = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    add_node(cluster, "good-0", taints=[gpu])  # a dedicated-GPU taint: the test tolerates it
     add_node(cluster, "good-1")
     add_node(cluster, "cordoned", unschedulable=True)
-    add_node(cluster, "tainted", taints=[{"key": "maint", "effect": "NoSchedule"}])
+    faulty = {"key": "diagnoser.io/faulty", "value": "xid_79", "effect": "NoSchedule"}
+    add_node(cluster, "faulty", taints=[faulty])
+    unreachable = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+    add_node(cluster, "unreachable", taints=[unreachable])
 
 
 def test_two_rounds_find_the_node_that_fails_both(cluster: Cluster, emulator: Emulator) -> None:
@@ -145,10 +149,10 @@ def test_two_rounds_find_the_node_that_fails_both(cluster: Cluster, emulator: Em
     assert {"name": "DIAGNOSER_VERIFY_NODES", "value": "node-2,node-3,node-4"} in pod["containers"][
         0
     ]["env"]
-    assert {t["key"] for t in pod["tolerations"]} == {
-        "diagnoser.io/faulty",
-        "node.kubernetes.io/unschedulable",
-    }
+    assert pod["tolerations"] == [
+        {"key": "diagnoser.io/faulty", "operator": "Exists"},
+        {"operator": "Exists", "effect": "NoSchedule"},
+    ]
     assert emulator.names(JOBS) == []  # finished test Jobs are deleted
 
 
