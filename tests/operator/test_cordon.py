@@ -6,12 +6,13 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+import kmock
 import pytest
 from kubernetes.client import V1Node
 from kubernetes.client.exceptions import ApiException
 
 from diagnoser.operator.cluster import Cluster
-from diagnoser.operator.cordon import cordon, uncordon
+from diagnoser.operator.cordon import LABEL_CORDONED, OWN_ANNOTATIONS, cordon, uncordon
 from diagnoser.operator.wire import (
     ActionKind,
     CompletionStatus,
@@ -230,3 +231,42 @@ def test_a_later_action_takes_over_the_cordon(cluster: Cluster, emulator: Emulat
     assert do_undo(cluster, undo_of=17).result["skipped"] == "carries the cordon of action 20"
     do_undo(cluster, undo_of=20)
     assert emulator.raw(NODES, None, "node-3") == original
+
+
+def test_a_concurrent_change_is_kept_after_a_conflict(cluster: Cluster, emulator: Emulator) -> None:
+    """A real API server rejects a stale patch with 409. kmock has no resourceVersion, so the
+    test plays it: the first patch is undone, a person's taint lands instead, and 409 returns."""
+    make_node(cluster)
+    human = {"key": "maintenance", "value": "bios", "effect": "NoSchedule"}
+    calls: list[int] = []
+
+    def conflict_once(request: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 1:
+            return None  # no reaction: the emulator's own answer
+        node = emulator.handler.objects[NODES, None, "node-3"]
+        before = node.history[-2]
+        assert before is not None
+        node.patch(
+            {
+                "spec": {"unschedulable": None, "taints": [*before["spec"]["taints"], human]},
+                "metadata": {
+                    "labels": {LABEL_CORDONED: None},
+                    "annotations": dict.fromkeys(OWN_ANNOTATIONS),
+                },
+            }
+        )
+        # Exported by kmock at run time, though not listed in its __all__.
+        return kmock.Response(status=409, payload={"kind": "Status", "code": 409})  # type: ignore[attr-defined]
+
+    emulator.call(lambda: emulator.handler["patch /api/v1/nodes/node-3"] << conflict_once)
+    outcome = do_cordon(cluster)
+    assert outcome.status is CompletionStatus.DONE
+    assert len(calls) == 2  # patched, refused, read again, patched
+    node = emulator.raw(NODES, None, "node-3")
+    assert [t["key"] for t in node["spec"]["taints"]] == [
+        "nvidia.com/gpu",
+        "maintenance",
+        "diagnoser.io/faulty",
+    ]
+    assert node["spec"]["unschedulable"] is True
