@@ -164,6 +164,14 @@ def test_operator_names_an_unknown_action_kind() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_operator_names_an_unknown_workload_kind() -> None:
+    result = diagnoser(
+        "operator", "--server", "http://127.0.0.1:9", "--restart-workloads", "Job,Deployment"
+    )
+    assert result.returncode == 2
+    assert "unknown workload kind 'Deployment'" in result.stderr
+
+
 def test_operator_without_a_kubeconfig_is_one_clear_line(tmp_path: Path) -> None:
     missing = tmp_path / "kubeconfig"
     result = diagnoser("operator", "--server", "http://127.0.0.1:9", "--kubeconfig", str(missing))

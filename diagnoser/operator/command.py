@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from diagnoser.operator.wire import ActionKind
+from diagnoser.operator.wire import ActionKind, WorkloadKind
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 DEFAULT_KINDS = "cordon_node,uncordon_node,restart_job,verify_nodes"
@@ -37,6 +37,15 @@ def parse_kinds(values: list[str]) -> tuple[ActionKind, ...]:
     if unknown:
         raise _fail(f"unknown action kind {unknown[0]!r} (known: {', '.join(sorted(known))})")
     return tuple(ActionKind(name) for name in dict.fromkeys(names))
+
+
+def parse_workloads(value: str) -> frozenset[WorkloadKind]:
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    known = {kind.value for kind in WorkloadKind}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise _fail(f"unknown workload kind {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    return frozenset(WorkloadKind(name) for name in names)
 
 
 def operator(
@@ -125,6 +134,32 @@ def operator(
             "--verify-gpus", envvar="DIAGNOSER_VERIFY_GPUS", min=0, help="GPUs per test pod."
         ),
     ] = 8,
+    restart_workloads: Annotated[
+        str,
+        typer.Option(
+            "--restart-workloads",
+            envvar="DIAGNOSER_RESTART_WORKLOADS",
+            help="Workload kinds restart_job may restart, comma-separated.",
+        ),
+    ] = "PyTorchJob,JobSet,Job,Pod",
+    bare_pod_label: Annotated[
+        str,
+        typer.Option(
+            "--bare-pod-label",
+            envvar="DIAGNOSER_BARE_POD_LABEL",
+            help="Label whose value is the job id, on pods of a job with no known workload.",
+        ),
+    ] = "diagnoser.io/job",
+    pod_grace_seconds: Annotated[
+        int | None,
+        typer.Option(
+            "--pod-grace-seconds",
+            envvar="DIAGNOSER_POD_GRACE_SECONDS",
+            min=0,
+            help="Grace period of deleted pods (default: each pod's own).",
+            show_default=False,
+        ),
+    ] = None,
     lease_seconds: Annotated[
         int,
         typer.Option("--lease-seconds", min=5, max=3600, help="Lease asked for on each claim."),
@@ -135,6 +170,7 @@ def operator(
 ) -> None:
     """Claim recovery actions from the service and carry them out on Kubernetes."""
     chosen = parse_kinds(kinds or [DEFAULT_KINDS])
+    workloads = parse_workloads(restart_workloads)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -142,6 +178,7 @@ def operator(
         from diagnoser.operator.cluster import connect
         from diagnoser.operator.executor import Executor
         from diagnoser.operator.loop import LoopSettings, Operator
+        from diagnoser.operator.restart import RestartSettings
         from diagnoser.operator.verify import VerifySettings
     except ImportError as exc:
         raise _fail(f"{exc.name or 'kubernetes'} is missing: install diagnoser[operator]") from exc
@@ -157,7 +194,12 @@ def operator(
         verify = replace(verify, image=verify_image)
     if verify_command:
         verify = replace(verify, command=tuple(shlex.split(verify_command)))
-    executor = Executor(cluster=cluster, verify=verify, dry_run=dry_run)
+    restart = RestartSettings(
+        bare_pod_label=bare_pod_label,
+        workload_kinds=workloads,
+        grace_period_seconds=pod_grace_seconds,
+    )
+    executor = Executor(cluster=cluster, restart=restart, verify=verify, dry_run=dry_run)
     settings = LoopSettings(
         operator_id=operator_id or f"{socket.gethostname()}-{os.getpid()}",
         kinds=chosen,
