@@ -171,9 +171,10 @@ def operator(
     """Claim recovery actions from the service and carry them out on Kubernetes."""
     chosen = parse_kinds(kinds or [DEFAULT_KINDS])
     workloads = parse_workloads(restart_workloads)
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    level = logging.getLevelNamesMapping().get(log_level.upper())
+    if level is None:
+        raise _fail(f"unknown log level {log_level!r}")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         from diagnoser.operator.cluster import connect
         from diagnoser.operator.executor import Executor
