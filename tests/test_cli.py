@@ -164,6 +164,12 @@ def test_operator_names_an_unknown_action_kind() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_operator_does_not_claim_notify_actions() -> None:
+    result = diagnoser("operator", "--server", "http://127.0.0.1:9", "--kinds", "notify")
+    assert result.returncode == 2
+    assert "delivered by the service's notifier" in result.stderr
+
+
 def test_operator_names_an_unknown_workload_kind() -> None:
     result = diagnoser(
         "operator", "--server", "http://127.0.0.1:9", "--restart-workloads", "Job,Deployment"

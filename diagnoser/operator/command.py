@@ -36,6 +36,8 @@ def parse_kinds(values: list[str]) -> tuple[ActionKind, ...]:
     unknown = [name for name in names if name not in known]
     if unknown:
         raise _fail(f"unknown action kind {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    if ActionKind.NOTIFY.value in names:
+        raise _fail("notify actions are delivered by the service's notifier, not the operator")
     return tuple(ActionKind(name) for name in dict.fromkeys(names))
 
 
