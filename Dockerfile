@@ -1,4 +1,4 @@
-# One image for every role: `serve` (api), `migrate` (one-shot), and later `operator`.
+# One image for every role: `serve` (api), `migrate` (one-shot) and `operator` (its extra).
 # The service is unauthenticated until authentication is built: publish its port only on a
 # trusted network or behind an authenticating proxy.
 FROM python:3.11-slim AS build
@@ -7,7 +7,7 @@ COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY diagnoser ./diagnoser
 COPY rules ./rules
 COPY prompts ./prompts
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[operator]"
 
 FROM python:3.11-slim
 RUN useradd --system --create-home --uid 10001 diagnoser \

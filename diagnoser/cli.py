@@ -435,6 +435,7 @@ def command() -> Any:
     """The whole command line as one click command, built once (tests invoke it in process)."""
     from diagnoser.diagnosis.console import diagnoses_app
     from diagnoser.evaluation.command import evaluate
+    from diagnoser.operator.command import operator
     from diagnoser.shipper.command import ship
     from diagnoser.shipper.run import run
     from diagnoser.templates.command import compress
@@ -443,6 +444,7 @@ def command() -> Any:
     app.command("ship")(ship)
     app.command("run")(run)
     app.command("eval")(evaluate)
+    app.command("operator")(operator)
     app.add_typer(diagnoses_app, name="diagnoses")
     return plain_help(typer.main.get_command(app))
 

@@ -158,3 +158,34 @@ def test_help_names_values_not_python_types() -> None:
     serve = diagnoser("serve", "--help", env={"COLUMNS": "200"}).stdout
     assert "--data-dir            DIR" in serve
     assert "[env DIAGNOSER_DATA_DIR]" in serve
+
+
+def test_operator_names_an_unknown_action_kind() -> None:
+    result = diagnoser(
+        "operator", "--server", "http://127.0.0.1:9", "--kinds", "cordon_node,reboot"
+    )
+    assert result.returncode == 2
+    assert "unknown action kind 'reboot'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_operator_does_not_claim_notify_actions() -> None:
+    result = diagnoser("operator", "--server", "http://127.0.0.1:9", "--kinds", "notify")
+    assert result.returncode == 2
+    assert "delivered by the service's notifier" in result.stderr
+
+
+def test_operator_names_an_unknown_workload_kind() -> None:
+    result = diagnoser(
+        "operator", "--server", "http://127.0.0.1:9", "--restart-workloads", "Job,Deployment"
+    )
+    assert result.returncode == 2
+    assert "unknown workload kind 'Deployment'" in result.stderr
+
+
+def test_operator_without_a_kubeconfig_is_one_clear_line(tmp_path: Path) -> None:
+    missing = tmp_path / "kubeconfig"
+    result = diagnoser("operator", "--server", "http://127.0.0.1:9", "--kubeconfig", str(missing))
+    assert result.returncode == 2
+    assert "no usable Kubernetes configuration" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,1 @@
+"""The reference Kubernetes operator: claims recovery actions and carries them out."""
