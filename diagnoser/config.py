@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -195,8 +196,9 @@ class NotifyDestination(BaseModel):
                 self.url = SecretStr(PAGERDUTY_EVENTS_URL)
         if self.url is None:
             raise ValueError(f"notify destination {self.name!r}: {self.kind} needs url")
-        if not self.url.get_secret_value().startswith(("http://", "https://")):
-            raise ValueError(f"notify destination {self.name!r}: url must be http(s)")
+        parts = urlsplit(self.url.get_secret_value())
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise ValueError(f"notify destination {self.name!r}: url must be http(s)://host/...")
         return self
 
 

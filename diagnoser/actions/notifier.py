@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal, Protocol
+from urllib.parse import quote
 
 import httpx
 from pydantic import ValidationError
@@ -155,6 +156,11 @@ def retry_after(response: httpx.Response, now: datetime | None = None) -> float 
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
+def header_value(key: str) -> str:
+    """The key as sent in a header: itself when printable ASCII, else percent-encoded."""
+    return key if key.isascii() and key.isprintable() else quote(key, safe="")
+
+
 def backoff(attempt: int, settings: NotifySettings, rng: random.Random) -> float:
     """Full jitter: uniform in [0, min(max, base * 2**(attempt-1))]."""
     ceiling = min(settings.backoff_max_s, settings.backoff_base_s * 2 ** (attempt - 1))
@@ -195,23 +201,25 @@ class _Poster:
         status: int | None = None
         error: str | None = None
         attempt = 0
-        while attempt < self._settings.max_attempts:
+        while (left := self._left()) > 0:
             attempt += 1
-            left = self._left()
-            if left <= 0:
-                break
             wait: float | None = None
             timeout = min(left, self._settings.request_timeout_s)
             try:
                 async with (
                     asyncio.timeout(timeout),
                     self._client.stream(
-                        "POST", url, json=body, headers=headers, timeout=timeout
+                        "POST",
+                        url,
+                        json=body,
+                        headers=headers,
+                        timeout=timeout,
+                        follow_redirects=False,
                     ) as response,
                 ):
                     status = response.status_code
                     text = "" if response.is_success else await _prefix(response)
-            except (httpx.TransportError, TimeoutError) as exc:
+            except (httpx.RequestError, TimeoutError) as exc:
                 status = None
                 error = self._scrub(f"{type(exc).__name__}: {exc}".rstrip(": "), url)
             else:
@@ -232,6 +240,8 @@ class _Poster:
                 error = f"{error}; next try ({delay:.1f}s away) is past the deadline"
                 break
             await asyncio.sleep(delay)
+        else:
+            error = f"{error}; deadline passed" if error else "deadline passed"
         return DestinationResult(
             destination.name, destination.kind, "gave_up", attempt, status, error
         )
@@ -263,7 +273,7 @@ async def deliver(
     if not destinations:
         return DeliveryResult(action.id, action.idempotency_key, (), notice.redactions)
     headers = {
-        "Idempotency-Key": action.idempotency_key,
+        "Idempotency-Key": header_value(action.idempotency_key),
         "User-Agent": f"diagnoser/{__version__}",
     }
     deadline = asyncio.get_running_loop().time() + settings.deadline_s
@@ -329,10 +339,18 @@ class NotifyWorker:
         own_client = self._client is None
         http = self._client or httpx.AsyncClient(follow_redirects=False)
         try:
-            await asyncio.gather(*(self._handle(http, a) for a in actions))
+            outcomes = await asyncio.gather(
+                *(self._handle(http, a) for a in actions), return_exceptions=True
+            )
         finally:
             if own_client:
                 await http.aclose()
+        for action, outcome in zip(actions, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                # Left claimed: its lease runs out and it is delivered again, same key.
+                log.error("notify action %d: %s: %s", action.id, type(outcome).__name__, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
         return len(actions)
 
     async def _handle(self, http: httpx.AsyncClient, action: ActionView) -> None:

@@ -337,3 +337,37 @@ def test_destination_settings_refuse_what_cannot_work() -> None:
     assert "hooks" not in repr(
         NotifyDestination.model_validate({"name": "s", "url": "https://hooks.slack.com/x"})
     )
+
+
+async def test_a_key_that_is_not_printable_ascii_is_percent_encoded_in_the_header(
+    receiver: WebhookReceiver,
+) -> None:
+    s = settings({"name": "hook", "url": receiver.url("/hook")})
+    action = notify_action().model_copy(update={"idempotency_key": "notify:user:jöb\n1"})
+    assert (await deliver(action, s)).ok
+    (got,) = receiver.at("/hook")
+    assert got.headers["idempotency-key"] == "notify%3Auser%3Aj%C3%B6b%0A1"
+    assert got.json["idempotency_key"] == "notify:user:jöb\n1"
+
+
+def test_destinations_come_from_the_environment_as_documented(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from diagnoser.config import Settings
+
+    monkeypatch.setenv(
+        "DIAGNOSER_NOTIFY__DESTINATIONS",
+        '[{"name": "ml-slack", "kind": "slack", "url": "https://hooks.slack.com/services/T/B/x",'
+        ' "match": {"namespaces": ["ml"]}},'
+        ' {"name": "oncall", "kind": "pagerduty", "routing_key": "R0UTINGKEY",'
+        ' "match": {"audiences": ["oncall"]}}]',
+    )
+    monkeypatch.setenv("DIAGNOSER_NOTIFY__DEFAULT", "oncall")
+    monkeypatch.setenv("DIAGNOSER_NOTIFY__PUBLIC_URL", "https://diagnoser.example.com/")
+    notify = Settings().notify
+    assert [d.name for d in notify.destinations] == ["ml-slack", "oncall"]
+    assert notify.destinations[0].match.namespaces == ["ml"]
+    assert notify.default == "oncall"
+    assert notify.public_url == "https://diagnoser.example.com"
+    assert "R0UTINGKEY" not in repr(notify)
+    assert "hooks.slack.com" not in repr(notify)
