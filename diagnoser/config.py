@@ -208,7 +208,8 @@ class NotifySettings(BaseModel):
     destinations: list[NotifyDestination] = Field(default_factory=list)
     """JSON list in `DIAGNOSER_NOTIFY__DESTINATIONS`; every matching destination gets the action."""
     default: str | None = None
-    """Name of the destination that takes an action no destination's `match` selects."""
+    """Name of the destination that takes the actions no other destination's `match` selects
+    (and only those)."""
     public_url: str | None = None
     """The service's URL as people reach it, for links (`{public_url}/v1/diagnoses/{id}`)."""
     request_timeout_s: float = Field(default=10.0, gt=0)

@@ -114,8 +114,16 @@ async def _prefix(response: httpx.Response) -> str:
 
 
 def route(settings: NotifySettings, target: NotifyTarget, family: str) -> list[NotifyDestination]:
-    """Every destination whose match selects the action; else the default, if one is set."""
-    chosen = [d for d in settings.destinations if matches(d, target, family)]
+    """Every destination whose match selects the action; else the default, if one is set.
+
+    The default destination takes only what no other destination selects (its own `match`
+    is not consulted), so a catch-all channel does not receive every action twice over.
+    """
+    chosen = [
+        d
+        for d in settings.destinations
+        if d.name != settings.default and matches(d, target, family)
+    ]
     if not chosen and settings.default is not None:
         chosen = [d for d in settings.destinations if d.name == settings.default]
     return chosen

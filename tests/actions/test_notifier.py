@@ -283,7 +283,7 @@ def test_routing_by_family_namespace_and_audience_with_a_default() -> None:
                     "routing_key": "rk",
                     "match": {"audiences": ["oncall"], "namespaces": ["prod"]},
                 },
-                {"name": "fallback", "url": "http://h/3", "match": {"families": ["-"]}},
+                {"name": "fallback", "url": "http://h/3"},
             ],
             "default": "fallback",
         }
