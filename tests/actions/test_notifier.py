@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from diagnoser.actions.notifier import deliver, retry_after, route
+from diagnoser.actions.notifier import backoff, deliver, retry_after, route
 from diagnoser.actions.notify_wire import NotifyTarget
 from diagnoser.config import NotifyDestination, NotifySettings
 from tests.actions.samples import DIAGNOSIS_ID, notify_action
@@ -151,11 +151,12 @@ async def test_other_4xx_is_never_retried(status: int) -> None:
     assert not result.ok
 
 
-async def test_a_redirect_is_not_followed() -> None:
+async def test_a_redirect_is_not_followed_even_by_a_client_that_would() -> None:
     script = {"/hook": [Answer(307, headers={"Location": "/elsewhere"})]}
     with webhook_receiver(script) as receiver:
         s = settings({"name": "hook", "url": receiver.url("/hook")})
-        result = await deliver(notify_action(), s)
+        async with httpx.AsyncClient(follow_redirects=True) as client:
+            result = await deliver(notify_action(), s, client=client)
         assert receiver.at("/elsewhere") == []
     assert result.destinations[0].outcome == "rejected"
 
@@ -371,3 +372,10 @@ def test_destinations_come_from_the_environment_as_documented(
     assert notify.public_url == "https://diagnoser.example.com"
     assert "R0UTINGKEY" not in repr(notify)
     assert "hooks.slack.com" not in repr(notify)
+
+
+def test_backoff_doubles_up_to_its_cap_with_full_jitter() -> None:
+    s = NotifySettings(backoff_base_s=0.5, backoff_max_s=20)
+    assert [backoff(n, s, Ceiling()) for n in (1, 2, 3, 6, 7, 12)] == [0.5, 1, 2, 16, 20, 20]
+    rng = random.Random(1)
+    assert all(0 <= backoff(3, s, rng) <= 2 for _ in range(100))
