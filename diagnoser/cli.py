@@ -309,8 +309,9 @@ def _consult_llm(result: OfflineResult, llm: LlmSettings, job_id: str) -> Offlin
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_SECRET_WORDS = ("URL", "KEY", "PASSWORD", "SECRET", "TOKEN")
-"""Settings whose rejected value is not echoed back: it may hold a credential."""
+_SECRET_WORDS = ("URL", "KEY", "PASSWORD", "SECRET", "TOKEN", "DESTINATIONS")
+"""Settings whose rejected value is not echoed back: it may hold a credential (a notify
+destination carries webhook URLs and routing keys, whatever its keys are misspelt as)."""
 
 
 def _seconds(text: str, option: str) -> float:

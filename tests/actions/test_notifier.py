@@ -14,7 +14,7 @@ from diagnoser.actions.notify_wire import NotifyTarget
 from diagnoser.config import NotifyDestination, NotifySettings
 from tests.actions.samples import DIAGNOSIS_ID, notify_action
 from tests.actions.webhook_receiver import Answer, WebhookReceiver, webhook_receiver
-from tests.servers import free_port
+from tests.servers import free_port, run_diagnoser
 
 KEY = f"notify:oncall:{DIAGNOSIS_ID}"
 SECRET = "sk-proj-" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6"
@@ -379,3 +379,18 @@ def test_backoff_doubles_up_to_its_cap_with_full_jitter() -> None:
     assert [backoff(n, s, Ceiling()) for n in (1, 2, 3, 6, 7, 12)] == [0.5, 1, 2, 16, 20, 20]
     rng = random.Random(1)
     assert all(0 <= backoff(3, s, rng) <= 2 for _ in range(100))
+
+
+@pytest.mark.parametrize(
+    "destinations",
+    [
+        '[{"name": "pd", "kind": "pagerduty", "routing_key": "SUPERSECRET", "url": "ftp://x"}]',
+        '[{"name": "chat", "kind": "slack", "uri": "https://hooks.slack.com/SUPERSECRET"}]',
+    ],
+)
+def test_a_bad_destination_stops_the_cli_without_echoing_its_secrets(destinations: str) -> None:
+    result = run_diagnoser("rules", "check", env={"DIAGNOSER_NOTIFY__DESTINATIONS": destinations})
+    assert result.returncode == 2
+    assert "error: DIAGNOSER_NOTIFY__DESTINATIONS" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "SUPERSECRET" not in result.stderr + result.stdout
