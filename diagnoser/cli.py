@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import typer.main
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
@@ -453,4 +454,9 @@ def main() -> None:
             shown = "" if secret else f" (got {error['input']!r})"
             problem = f"{variable}: {error['msg']}{shown}"
             err.print(f"[bold red]error:[/] {escape(problem)}")
+        raise SystemExit(2) from None
+    except SettingsError as exc:
+        # A JSON-valued variable that is not JSON: the cause says where, never the value.
+        problem = str(exc).removeprefix("error ") + (f": {exc.__cause__}" if exc.__cause__ else "")
+        err.print(f"[bold red]error:[/] {escape(problem)}")
         raise SystemExit(2) from None

@@ -394,3 +394,13 @@ def test_a_bad_destination_stops_the_cli_without_echoing_its_secrets(destination
     assert "error: DIAGNOSER_NOTIFY__DESTINATIONS" in result.stderr
     assert "Traceback" not in result.stderr
     assert "SUPERSECRET" not in result.stderr + result.stdout
+
+
+def test_destinations_that_are_not_json_end_in_one_error_line() -> None:
+    broken = '[{"name": "x", "url": "https://hooks.slack.com/SUPERSECRET"'
+    result = run_diagnoser("rules", "check", env={"DIAGNOSER_NOTIFY__DESTINATIONS": broken})
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith('error: parsing value for field "notify"')
+    assert "SUPERSECRET" not in result.stderr
