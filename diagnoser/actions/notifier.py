@@ -26,13 +26,14 @@ from typing import Any, Literal, Protocol
 from urllib.parse import quote
 
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from diagnoser import __version__
 from diagnoser.actions import payloads
 from diagnoser.actions.notify_wire import NOTIFY_KIND, ActionView, NotifyTarget
 from diagnoser.config import NotifyDestination, NotifySettings
 from diagnoser.llm.redaction import Redactor
+from diagnoser.templates.family import family_of
 
 log = logging.getLogger(__name__)
 
@@ -271,13 +272,16 @@ async def deliver(
     """
     if action.kind != NOTIFY_KIND:
         raise ValueError(f"action {action.id} is {action.kind!r}, not {NOTIFY_KIND!r}")
+    raw: object = action.target
+    if isinstance(raw, BaseModel):  # the typed target of a richer wire model
+        raw = raw.model_dump(mode="json")
     try:
-        target = NotifyTarget.model_validate(action.target)
+        target = NotifyTarget.model_validate(raw)
     except ValidationError as exc:
         raise ValueError(f"action {action.id} has no valid notify target: {exc}") from exc
     redactor = redactor or Redactor(settings.redact_patterns)
     notice = payloads.notice(action, target, redactor, settings.public_url)
-    destinations = route(settings, target, notice.family)
+    destinations = route(settings, target, target.family or family_of(action.job_id))
     if not destinations:
         return DeliveryResult(action.id, action.idempotency_key, (), notice.redactions)
     headers = {
