@@ -62,7 +62,7 @@ class NotifyTarget(BaseModel):
 
     audience: Audience
     message: str
-    diagnosis_url: str = ""
+    diagnosis_url: str | None = None
     summary: str = ""
     category: str | None = None
     failure_type: str | None = None

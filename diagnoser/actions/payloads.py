@@ -109,11 +109,11 @@ def notice(
     )
 
 
-def diagnosis_link(diagnosis_id: str, public_url: str | None, fallback: str) -> str | None:
+def diagnosis_link(diagnosis_id: str, public_url: str | None, fallback: str | None) -> str | None:
     """`{public_url}/v1/diagnoses/{id}`; else the URL the service put in the target, if any."""
     if public_url:
         return f"{public_url}/v1/diagnoses/{quote(diagnosis_id, safe='')}"
-    if fallback.startswith(("http://", "https://")):
+    if fallback and fallback.startswith(("http://", "https://")):
         return fallback
     return None
 

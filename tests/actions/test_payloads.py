@@ -56,7 +56,8 @@ def test_generic_payload_carries_the_diagnosis_and_its_link() -> None:
 def test_without_a_public_url_the_targets_own_link_is_used() -> None:
     n = build(public_url=None)
     assert n.link == f"http://diagnoser.local/v1/diagnoses/{DIAGNOSIS_ID}"
-    assert build(public_url=None, diagnosis_url="").link is None
+    assert build(public_url=None, diagnosis_url=None).link is None
+    assert build(public_url=None, diagnosis_url="javascript:alert(1)").link is None
 
 
 def test_secrets_are_redacted_from_every_field() -> None:
