@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import typer.main
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
@@ -310,8 +311,9 @@ def _consult_llm(result: OfflineResult, llm: LlmSettings, job_id: str) -> Offlin
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_SECRET_WORDS = ("URL", "KEY", "PASSWORD", "SECRET", "TOKEN")
-"""Settings whose rejected value is not echoed back: it may hold a credential."""
+_SECRET_WORDS = ("URL", "KEY", "PASSWORD", "SECRET", "TOKEN", "DESTINATIONS")
+"""Settings whose rejected value is not echoed back: it may hold a credential (a notify
+destination carries webhook URLs and routing keys, whatever its keys are misspelt as)."""
 
 
 def _seconds(text: str, option: str) -> float:
@@ -461,4 +463,9 @@ def main() -> None:
             shown = "" if secret else f" (got {error['input']!r})"
             problem = f"{variable}: {error['msg']}{shown}"
             err.print(f"[bold red]error:[/] {escape(problem)}")
+        raise SystemExit(2) from None
+    except SettingsError as exc:
+        # A JSON-valued variable that is not JSON: the cause says where, never the value.
+        problem = str(exc).removeprefix("error ") + (f": {exc.__cause__}" if exc.__cause__ else "")
+        err.print(f"[bold red]error:[/] {escape(problem)}")
         raise SystemExit(2) from None

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -158,6 +159,90 @@ class ActionSettings(BaseModel):
         return dry_run
 
 
+NotifyKind = Literal["generic", "slack", "pagerduty"]
+NotifyAudience = Literal["user", "oncall"]
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+
+
+class NotifyMatch(BaseModel):
+    """Which `notify` actions a destination takes; an empty list matches anything."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    families: list[str] = Field(default_factory=list)
+    namespaces: list[str] = Field(default_factory=list)
+    audiences: list[NotifyAudience] = Field(default_factory=list)
+
+
+class NotifyDestination(BaseModel):
+    """One webhook. `url` is a secret too: a Slack webhook URL is its own credential."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    kind: NotifyKind = "generic"
+    url: SecretStr | None = None
+    """Required for generic and slack; pagerduty defaults to the Events v2 endpoint."""
+    routing_key: SecretStr | None = None
+    """PagerDuty integration key (required for pagerduty)."""
+    match: NotifyMatch = NotifyMatch()
+
+    @model_validator(mode="after")
+    def _complete(self) -> NotifyDestination:
+        if self.kind == "pagerduty":
+            if self.routing_key is None or not self.routing_key.get_secret_value():
+                raise ValueError(f"notify destination {self.name!r}: pagerduty needs routing_key")
+            if self.url is None:
+                self.url = SecretStr(PAGERDUTY_EVENTS_URL)
+        if self.url is None:
+            raise ValueError(f"notify destination {self.name!r}: {self.kind} needs url")
+        parts = urlsplit(self.url.get_secret_value())
+        if parts.scheme not in {"http", "https"} or not parts.hostname:
+            raise ValueError(f"notify destination {self.name!r}: url must be http(s)://host/...")
+        return self
+
+
+class NotifySettings(BaseModel):
+    """The webhook notifier of `notify` actions (diagnoser/actions/notifier.py, docs/notify.md)."""
+
+    destinations: list[NotifyDestination] = Field(default_factory=list)
+    """JSON list in `DIAGNOSER_NOTIFY__DESTINATIONS`; every matching destination gets the action."""
+    default: str | None = None
+    """Name of the destination that takes the actions no other destination's `match` selects
+    (and only those)."""
+    public_url: str | None = None
+    """The service's URL as people reach it, for links (`{public_url}/v1/diagnoses/{id}`)."""
+    request_timeout_s: float = Field(default=10.0, gt=0)
+    deadline_s: float = Field(default=60.0, gt=0)
+    """Total time one delivery (all destinations, every retry) may take."""
+    max_attempts: int = Field(default=5, ge=1, le=20)
+    backoff_base_s: float = Field(default=0.5, ge=0)
+    backoff_max_s: float = Field(default=20.0, ge=0)
+    lease_seconds: int = Field(default=120, ge=5, le=3600)
+    """Lease the worker asks for; longer than `deadline_s`, so no other consumer takes it."""
+    redact_patterns: list[str] = Field(default_factory=list)
+    """Extra regexes removed from everything sent, besides the built-in secret patterns."""
+
+    @field_validator("public_url")
+    @classmethod
+    def _no_trailing_slash(cls, url: str | None) -> str | None:
+        """Links are built as `{public_url}/v1/...`; empty (as compose passes it) means unset."""
+        if not url:
+            return None
+        return url.rstrip("/") or None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NotifySettings:
+        names = [d.name for d in self.destinations]
+        if len(set(names)) != len(names):
+            raise ValueError("notify destination names must be unique")
+        if self.default is not None and self.default not in names:
+            raise ValueError(f"notify default {self.default!r} names no destination")
+        if self.lease_seconds <= self.deadline_s:
+            raise ValueError("notify lease_seconds must be longer than deadline_s")
+        return self
+
+
 class HangSettings(BaseModel):
     """No-progress ("hang") detection: see diagnoser/diagnosis/hang.py and docs/hangs.md."""
 
@@ -213,6 +298,7 @@ class Settings(BaseSettings):
     actions: ActionSettings = ActionSettings()
     hang: HangSettings = HangSettings()
     signals: SignalSettings = SignalSettings()
+    notify: NotifySettings = NotifySettings()
 
     @property
     def database_url(self) -> str:

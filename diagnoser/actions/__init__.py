@@ -1,0 +1,1 @@
+"""Recovery actions: their wire models, the policy that releases them, and their consumers."""
