@@ -10,6 +10,6 @@ export DIAGNOSER_TEST_REQUIRE_SERVICES=1
 
 echo "== ruff check" && .venv/bin/ruff check .
 echo "== ruff format --check" && .venv/bin/ruff format --check .
-echo "== mypy --strict" && .venv/bin/mypy diagnoser tests bench
+echo "== mypy --strict" && .venv/bin/mypy diagnoser tests bench examples
 echo "== import contracts" && .venv/bin/lint-imports
 echo "== pytest" && .venv/bin/pytest "$@"
