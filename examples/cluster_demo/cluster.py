@@ -235,16 +235,28 @@ class WorkerController:
             if pod["metadata"].get("labels", {}).get(JOB_LABEL) == self.job_id
         }
         nodes = await self.api.nodes()
+        free = [
+            str(n["metadata"]["name"])
+            for n in nodes
+            if is_schedulable(n) and n["metadata"]["name"] not in busy
+        ]
+        # A worker goes back to the node it ran on when that node is still fine; the others
+        # take what is left, in rank order.
+        placement: dict[int, str | None] = {}
+        for rank in missing:
+            if f"node-{rank}" in free:
+                placement[rank] = f"node-{rank}"
+                free.remove(f"node-{rank}")
+        for rank in missing:
+            if rank not in placement:
+                placement[rank] = free.pop(0) if free else None
+        taken = busy | {node for node in placement.values() if node is not None}
         for rank in missing:
             attempt = self.attempts.get(rank, 0) + 1
             self.attempts[rank] = attempt
             pod = worker_object(self.job_id, self.owner_uid, rank, attempt)
-            free = [n for n in nodes if is_schedulable(n) and n["metadata"]["name"] not in busy]
-            # The node a worker ran on first when it is still fine, else any free node.
-            preferred = [n for n in free if n["metadata"]["name"] == f"node-{rank}"]
-            candidates = preferred or free
-            chosen = candidates[0] if candidates else None
-            if chosen is None:
+            node = placement[rank]
+            if node is None:
                 pod["status"] = {
                     "phase": "Pending",
                     "conditions": [
@@ -252,14 +264,11 @@ class WorkerController:
                             "type": "PodScheduled",
                             "status": "False",
                             "reason": "Unschedulable",
-                            "message": unschedulable_message(nodes, busy),
+                            "message": unschedulable_message(nodes, taken),
                         }
                     ],
                 }
-                node = None
             else:
-                node = str(chosen["metadata"]["name"])
-                busy.add(node)
                 pod["spec"]["nodeName"] = node
                 pod["status"] = {"phase": "Running"}
             await self.api.create_pod(pod)
