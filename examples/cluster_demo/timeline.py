@@ -81,25 +81,34 @@ def _short(identifier: object) -> str:
 
 
 def _target(action: JsonObject) -> str:
+    """The action's subject in a few words: the node, or the workload."""
     target = action.get("target") or {}
     if not isinstance(target, dict):
         return str(target)
-    parts = [f"{key}={value}" for key, value in target.items() if value not in (None, [], "")]
-    return ", ".join(parts)
+    if target.get("node"):
+        return str(target["node"])
+    if target.get("name"):
+        kind = target.get("workload_kind") or "job"
+        return f"{kind} {target.get('namespace') or '-'}/{target['name']}"
+    return ", ".join(f"{k}={v}" for k, v in target.items() if v not in (None, [], ""))
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold")
+    for column in columns:
+        table.add_column(column)
+    return table
 
 
 def render(timeline: Timeline, console: Console) -> None:
-    steps = Table(title="Timeline", title_justify="left", expand=False)
-    steps.add_column("t+s", justify="right")
-    steps.add_column("who")
-    steps.add_column("what")
+    """The timeline, then the diagnosis, the actions with their decisions, Nodes and pods."""
+    steps = _table("Timeline", "t+s", "who", "what")
+    steps.columns[0].justify = "right"
     for step in timeline.steps:
         steps.add_row(_cell(f"{step.at_s:.2f}"), _cell(step.actor), _cell(step.what))
     console.print(steps)
 
-    diagnoses = Table(title="Diagnosis", title_justify="left")
-    for column in ("id", "category", "failure_type", "culprit", "action", "status", "rules"):
-        diagnoses.add_column(column)
+    diagnoses = _table("Diagnosis", "id", "category", "failure type", "culprit", "action")
     for diagnosis in timeline.diagnoses:
         diagnoses.add_row(
             _cell(_short(diagnosis.get("id"))),
@@ -107,40 +116,41 @@ def render(timeline: Timeline, console: Console) -> None:
             _cell(diagnosis.get("failure_type")),
             _cell(", ".join(diagnosis.get("culprit_nodes") or [])),
             _cell(diagnosis.get("action")),
-            _cell(diagnosis.get("status")),
-            _cell(", ".join(diagnosis.get("rule_ids") or [])),
         )
     console.print(diagnoses)
+    for diagnosis in timeline.diagnoses:
+        console.print(Text(f"  summary: {diagnosis.get('summary')}"))
+        console.print(Text(f"  rules: {', '.join(diagnosis.get('rule_ids') or [])}"))
 
     if timeline.actions:
-        actions = Table(title="Actions (GET /v1/actions)", title_justify="left")
-        for column in ("id", "kind", "target", "state", "attempts", "lease owner", "decisions"):
-            actions.add_column(column)
+        actions = _table(
+            "Actions (GET /v1/actions)", "id", "kind", "target", "depends on", "state",
+            "attempts", "lease owner",
+        )  # fmt: skip
+        decisions = _table("Policy and operator decisions", "action", "decision", "reason")
         for action in timeline.actions:
-            decisions = "; ".join(
-                f"{d.get('decision')}: {d.get('reason')}" for d in action.get("decisions") or []
-            )
             actions.add_row(
                 _cell(action.get("id")),
                 _cell(action.get("kind")),
                 _cell(_target(action)),
+                _cell(", ".join(str(d) for d in action.get("depends_on") or [])),
                 _cell(action.get("state")),
                 _cell(action.get("attempts")),
                 _cell(action.get("lease_owner")),
-                _cell(decisions),
             )
+            for decision in action.get("decisions") or []:
+                decisions.add_row(
+                    _cell(action.get("id")),
+                    _cell(decision.get("decision")),
+                    _cell(decision.get("reason")),
+                )
         console.print(actions)
+        console.print(decisions)
 
-    nodes = Table(title="Nodes (read back from the emulator)", title_justify="left")
-    for column in ("node", "unschedulable", "taints", "diagnoser labels and annotations"):
-        nodes.add_column(column)
+    nodes = _table("Nodes (read back from the emulator)", "node", "unschedulable", "taints")
+    marks = _table("What diagnoser wrote on the Nodes", "node", "label or annotation", "value")
     for node in timeline.nodes:
         meta = node.get("metadata", {})
-        marks = {
-            **(meta.get("labels") or {}),
-            **(meta.get("annotations") or {}),
-        }
-        ours = ", ".join(f"{k}={v}" for k, v in marks.items() if k.startswith(DIAGNOSER_PREFIX))
         taints = ", ".join(
             f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}"
             for t in node.get("spec", {}).get("taints") or []
@@ -149,26 +159,32 @@ def render(timeline: Timeline, console: Console) -> None:
             _cell(meta.get("name")),
             _cell(bool(node.get("spec", {}).get("unschedulable"))),
             _cell(taints),
-            _cell(ours),
         )
+        for key, value in {**(meta.get("labels") or {}), **(meta.get("annotations") or {})}.items():
+            if key.startswith(DIAGNOSER_PREFIX):
+                marks.add_row(_cell(meta.get("name")), _cell(key), _cell(value))
     console.print(nodes)
+    if marks.row_count:
+        console.print(marks)
 
-    pods = Table(title="Pods in namespace ml (read back from the emulator)", title_justify="left")
-    for column in ("pod", "node", "phase", "uid", "attempt", "why pending"):
-        pods.add_column(column)
+    title = "Pods in namespace ml (read back from the emulator)"
+    pods = _table(title, "pod", "node", "phase", "uid", "attempt")
+    pending: list[str] = []
     for pod in timeline.pods:
         meta = pod.get("metadata", {})
         status = pod.get("status", {})
-        conditions = status.get("conditions") or []
-        pending = next((c.get("message") for c in conditions if c.get("status") == "False"), None)
         pods.add_row(
             _cell(meta.get("name")),
             _cell(pod.get("spec", {}).get("nodeName")),
             _cell(status.get("phase")),
             _cell(_short(meta.get("uid"))),
             _cell((meta.get("annotations") or {}).get("demo.diagnoser.io/attempt")),
-            _cell(pending),
         )
+        for condition in status.get("conditions") or []:
+            if condition.get("status") == "False":
+                pending.append(f"  {meta.get('name')}: {condition.get('message')}")
     console.print(pods)
+    for line in pending:
+        console.print(Text(line))
     for note in timeline.notes:
         console.print(Text(f"note: {note}", style="yellow"))
