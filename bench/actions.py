@@ -14,7 +14,7 @@ Needs the actions API (`POST /v1/actions/claim`, issue 14); the cordon latency a
    action and the blast radius (which caps cordons) does not apply. Then O operators (asyncio
    tasks, one keep-alive connection each) loop `POST /v1/actions/claim {max: B, lease_seconds:
    300}` and complete every claimed action `done`, until the outbox is empty. Reported:
-   actions claimed per second over the wall time, claim round trip p50/p99, and how many actions
+   actions claimed and completed per second over the wall time (an operator's real cycle), claim round trip p50/p99, and how many actions
    two operators both got (must be 0: `SELECT ... FOR UPDATE SKIP LOCKED`). Rows: 1 and 4
    operators on each backend, per batch size; the ratio is to 1 operator on PostgreSQL.
 2. Latency. A fresh `diagnoser serve` (SQLite) per scenario; `--nodes` nodes are made known
@@ -86,6 +86,22 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:,.1f}"
+
+
+def show(console: Console, title: str, columns: Sequence[str], rows: list[list[str]]) -> None:
+    """A rich table, then the same rows as Markdown for BENCHMARKS.md."""
+    table = Table(title=title)
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="left" if index < 2 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"\n**{title}**\n", markup=False)
+    console.print("| " + " | ".join(columns) + " |", markup=False)
+    console.print("|" + "|".join("---" if i < 2 else "---:" for i in range(len(columns))) + "|")
+    for row in rows:
+        console.print("| " + " | ".join(row) + " |", markup=False)
+    console.print()
 
 
 # --- servers ------------------------------------------------------------------------------
@@ -283,25 +299,28 @@ def claims_section(args: argparse.Namespace, console: Console) -> None:
         for run in runs
         if run.backend == "PostgreSQL" and run.operators == 1 and run.seconds
     }
-    table = Table(title=f"Claims per second ({args.actions} claimable restart_job actions)")
-    for column in ("backend", "operators", "batch", "claimed", "claims/s", "claim p50 ms",
-                   "claim p99 ms", "claimed twice", "vs 1 op on PostgreSQL"):  # fmt: skip
-        table.add_column(column, justify="left" if column == "backend" else "right")
+    rows = []
     for run in runs:
         rate = run.actions / run.seconds if run.seconds else 0.0
         peer = peers.get(run.batch)
-        table.add_row(
-            run.backend,
-            str(run.operators),
-            str(run.batch),
-            str(run.actions),
-            f"{rate:,.0f}",
-            ms(statistics.median(run.claim_times)) if run.claim_times else "-",
-            ms(percentile(run.claim_times, 0.99)),
-            str(run.duplicates),
-            f"{rate / peer:.2f}x" if peer else "-",
+        rows.append(
+            [
+                run.backend,
+                str(run.operators),
+                str(run.batch),
+                str(run.actions),
+                f"{rate:,.0f}",
+                ms(statistics.median(run.claim_times)) if run.claim_times else "-",
+                ms(percentile(run.claim_times, 0.99)),
+                str(run.duplicates),
+                f"{rate / peer:.2f}x" if peer else "-",
+            ]
         )
-    console.print(table)
+    columns = (
+        "backend", "operators", "batch", "claimed", "claimed and done per s", "claim p50 ms",
+        "claim p99 ms", "claimed twice", "vs 1 op on PostgreSQL",
+    )  # fmt: skip
+    show(console, f"Claims ({args.actions} claimable restart_job actions)", columns, rows)
 
 
 # --- 2. latency ---------------------------------------------------------------------------
@@ -336,6 +355,7 @@ async def claimed_within(
 
 
 async def latency_claims(args: argparse.Namespace, run: LatencyRun, prefix: str) -> None:
+    """Sample 0 is a warm-up (first connections, first queries) and is not kept."""
     with service(None) as base_url:
         async with (
             httpx.AsyncClient(base_url=base_url, timeout=30) as poster,
@@ -343,18 +363,31 @@ async def latency_claims(args: argparse.Namespace, run: LatencyRun, prefix: str)
         ):
             await require_actions_api(poster)
             await make_nodes_known(base_url, args.nodes)
-            for sample in range(min(args.samples, args.nodes)):
+            for sample in range(min(args.samples + 1, args.nodes)):
                 node = f"node-{sample}"
                 claimed = asyncio.create_task(claimed_within(claimer, node, args.timeout_s))
                 await asyncio.sleep(0)
                 sent = time.perf_counter()
                 await post_log(poster, f"lat-{sample}", node, prefix + XID79)
-                run.stored.append(time.perf_counter() - sent)
+                stored = time.perf_counter() - sent
                 result = await claimed
+                if sample == 0:
+                    continue
+                run.stored.append(stored)
                 if result is None:
                     run.suppressed += 1
                 else:
                     run.claimable.append(result[0] - sent)
+
+
+async def cordoned_within(cluster: Any, node: str, timeout_s: float) -> float | None:
+    """When the emulator's Node turned unschedulable (polled every 5 ms), or None."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        if cluster.objects["v1/nodes", None, node].get("spec", {}).get("unschedulable"):
+            return time.perf_counter()
+        await asyncio.sleep(0.005)
+    return None
 
 
 @contextlib.asynccontextmanager
@@ -386,19 +419,21 @@ async def latency_cordons(args: argparse.Namespace, run: LatencyRun, prefix: str
                 async with httpx.AsyncClient(base_url=base_url, timeout=30) as poster:
                     await require_actions_api(poster)
                     await make_nodes_known(base_url, args.nodes)
-                    for sample in range(min(args.samples, args.nodes)):
+                    # Sample 0 also waits for the operator to start; it is not kept.
+                    for sample in range(min(args.samples + 1, args.nodes)):
                         node = names[sample]
                         sent = time.perf_counter()
                         await post_log(poster, f"cordon-{sample}", node, prefix + XID79)
-                        deadline = sent + args.timeout_s
-                        while time.perf_counter() < deadline:
-                            spec = cluster.objects["v1/nodes", None, node].get("spec", {})
-                            if spec.get("unschedulable"):
-                                run.cordoned.append(time.perf_counter() - sent)
-                                break
-                            await asyncio.sleep(0.005)
-                        else:
+                        stored = time.perf_counter() - sent
+                        timeout = args.timeout_s + (60 if sample == 0 else 0)
+                        cordoned = await cordoned_within(cluster, node, timeout)
+                        if sample == 0:
+                            continue
+                        run.stored.append(stored)
+                        if cordoned is None:
                             run.suppressed += 1
+                        else:
+                            run.cordoned.append(cordoned - sent)
             finally:
                 operator.terminate()
                 await operator.wait()
@@ -417,30 +452,32 @@ def latency_section(args: argparse.Namespace, console: Console) -> None:
         console.print(f"latency: {args.samples} samples, diagnoser operator on kmock ...")
         asyncio.run(latency_cordons(args, cordons, prefix))
         runs.append(cordons)
-    table = Table(title="From the decisive log line (POST sent) to ...")
-    for column in ("scenario", "milestone", "samples", "p50 ms", "p99 ms", "max ms",
-                   "p50 vs diagnosis stored", "suppressed"):  # fmt: skip
-        table.add_column(column, justify="left" if column in {"scenario", "milestone"} else "right")
-    peer = statistics.median(claims.stored) if claims.stored else float("nan")
+    rows = []
     for run in runs:
+        peer = statistics.median(run.stored) if run.stored else float("nan")
         for milestone, values in (
             ("diagnosis stored (POST returned)", run.stored),
             ("cordon_node claimable", run.claimable),
             ("Node cordoned in the emulator", run.cordoned),
         ):
-            if not values:
-                continue
-            table.add_row(
-                run.name,
-                milestone,
-                str(len(values)),
-                ms(statistics.median(values)),
-                ms(percentile(values, 0.99)),
-                ms(max(values)),
-                f"{statistics.median(values) / peer:.1f}x",
-                str(run.suppressed),
-            )
-    console.print(table)
+            if values:
+                rows.append(
+                    [
+                        run.name,
+                        milestone,
+                        str(len(values)),
+                        ms(statistics.median(values)),
+                        ms(percentile(values, 0.99)),
+                        ms(max(values)),
+                        f"{statistics.median(values) / peer:.1f}x",
+                        str(run.suppressed),
+                    ]
+                )
+    columns = (
+        "scenario", "from the decisive line to", "samples", "p50 ms", "p99 ms", "max ms",
+        "p50 vs diagnosis stored", "suppressed",
+    )  # fmt: skip
+    show(console, "Decisive log line to action", columns, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -453,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--timeout-s", type=float, default=20.0)
     args = parser.parse_args(argv)
-    console = Console(highlight=False)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     if importlib.util.find_spec("diagnoser.api.actions") is None:
         console.print(f"error: {NOT_BUILT}", markup=False)
         return 2
