@@ -14,13 +14,16 @@ Needs the actions API (`POST /v1/actions/claim`, issue 14); the cordon latency a
    action and the blast radius (which caps cordons) does not apply. Then O operators (asyncio
    tasks, one keep-alive connection each) loop `POST /v1/actions/claim {max: B, lease_seconds:
    300}` and complete every claimed action `done`, until the outbox is empty. Reported:
-   actions claimed and completed per second over the wall time (an operator's real cycle), claim round trip p50/p99, and how many actions
-   two operators both got (must be 0: `SELECT ... FOR UPDATE SKIP LOCKED`). Rows: 1 and 4
-   operators on each backend, per batch size; the ratio is to 1 operator on PostgreSQL.
+   actions claimed and completed per second over the wall time (an operator's real cycle),
+   claim round trip p50/p99, and how many actions two operators both got (must be 0:
+   `SELECT ... FOR UPDATE SKIP LOCKED`). Rows: 1 and 4 operators on each backend, per batch
+   size; the ratio is to 1 operator on PostgreSQL.
 2. Latency. A fresh `diagnoser serve` (SQLite) per scenario; `--nodes` nodes are made known
    first (one benign line each), so the blast-radius cap (10 % of known nodes per hour by
-   default) leaves room for `--samples` cordons. A sample is a fresh job on a fresh node: one
-   POST of ~8 KiB of benign lines ending in `NVRM: Xid ... 79, GPU has fallen off the bus`.
+   default) leaves room for `--samples` cordons plus one warm-up (keep `--nodes` at least 10x
+   that, or the last samples are rightly suppressed, and counted as such). A sample is a fresh
+   job on a fresh node: one POST of ~8 KiB of benign lines ending in `NVRM: Xid ... 79, GPU has
+   fallen off the bus`.
    Timed from the moment the POST is sent:
    * `diagnosis stored`: the POST returns (its answer names the diagnosis; the peer);
    * `cordon claimable`: a claimer long-polling `POST /v1/actions/claim {kinds: [cordon_node],
@@ -494,6 +497,13 @@ def main(argv: list[str] | None = None) -> int:
     if importlib.util.find_spec("diagnoser.api.actions") is None:
         console.print(f"error: {NOT_BUILT}", markup=False)
         return 2
+    if args.nodes < 10 * (args.samples + 1):
+        console.print(
+            f"note: {args.nodes} known nodes allow about {max(1, args.nodes // 10)} cordons per "
+            f"hour under the default blast radius; {args.samples + 1} samples will see some "
+            "suppressed",
+            markup=False,
+        )
     parts = set(args.parts.split(","))
     if "claims" in parts:
         claims_section(args, console)
