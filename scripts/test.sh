@@ -10,7 +10,7 @@ export DIAGNOSER_TEST_REQUIRE_SERVICES=1
 
 echo "== ruff check" && .venv/bin/ruff check .
 echo "== ruff format --check" && .venv/bin/ruff format --check .
-echo "== mypy --strict" && .venv/bin/mypy diagnoser tests bench
+echo "== mypy --strict" && .venv/bin/mypy diagnoser tests bench examples
 echo "== import contracts" && .venv/bin/lint-imports
 # Two workers (this project's machines have two cores), whole files per worker so that a file's
 # module-scoped servers start once; DIAGNOSER_TEST_WORKERS=0 runs in one process.

@@ -1,0 +1,1 @@
+"""Runnable examples of diagnoser (not part of the installed package)."""
