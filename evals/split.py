@@ -4,7 +4,9 @@
     python evals/split.py --write    # write `split:` into each case.yaml, printing every change
 
 Reads each case.yaml as plain YAML (not the strict loader, which requires `split:`), so it also
-runs on new cases that have none yet.
+runs on new cases that have none yet. `split-pins.txt` holds the threads earlier top-ups put in
+test (one URL a line); `--write` adds the new ones, and a case without `split:` is new, so a
+top-up takes its thread before any thread already in the corpus.
 """
 
 from __future__ import annotations
@@ -16,9 +18,26 @@ from pathlib import Path
 
 import yaml
 
-from diagnoser.evaluation.split import Split, SplitCase, assign, check, mixed
+from diagnoser.evaluation.split import (
+    Split,
+    SplitCase,
+    check,
+    mixed,
+    pins,
+    read_pins,
+    split_of,
+    test_threads,
+    thread,
+)
 
 CASES = Path(__file__).resolve().parent / "cases"
+PINS = Path(__file__).resolve().parent / "split-pins.txt"
+
+
+def write_pins(path: Path, urls: list[str]) -> None:
+    head = "# Threads a class top-up put in test (evals/README.md, held-back split). Written by\n"
+    head += "# `python evals/split.py --write`, never by hand; they stay in test for good.\n"
+    path.write_text(head + "".join(f"{url}\n" for url in urls), encoding="utf-8")
 
 
 def read(root: Path) -> tuple[list[SplitCase], dict[str, Split], dict[str, Path]]:
@@ -55,8 +74,15 @@ def main() -> int:
     parser.add_argument("--cases", type=Path, default=CASES)
     args = parser.parse_args()
     cases, recorded, files = read(args.cases)
-    splits = assign(cases)
+    pins_path = args.cases.parent / PINS.name
+    pinned = read_pins(pins_path)
+    new = [thread(url) for case in cases if case.id not in recorded for url in case.sources]
+    chosen = test_threads(cases, pinned, new)
+    splits = split_of(cases, chosen)
     if args.write:
+        if pins(chosen) != sorted(set(pinned)):
+            write_pins(pins_path, pins(chosen))
+            pinned = pins(chosen)
         for case in cases:
             if recorded.get(case.id) is not splits[case.id]:
                 was = recorded.get(case.id, "none")
@@ -68,9 +94,9 @@ def main() -> int:
         print(f"{cls:24} dev {counts[cls, Split.DEV]:3}  test {counts[cls, Split.TEST]:3}")
     tested = sum(split is Split.TEST for split in splits.values())
     print(f"{'total':24} dev {len(cases) - tested:3}  test {tested:3}")
-    for case_id in mixed(cases):
+    for case_id in mixed(cases, pinned):
         print(f"mixed composition (in test): {case_id}")
-    problems = check(cases, recorded)
+    problems = check(cases, recorded, pinned)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     return 1 if problems else 0

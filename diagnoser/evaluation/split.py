@@ -9,11 +9,13 @@ nobody picks. A composition of several threads (a `multi_node` case) is `test` w
 threads is, so no test thread is ever read through a composition.
 
 Stratified by class: a class whose test share falls below a third after the hash (a small class
-can draw few test threads) moves its dev threads with the lowest fractions into test, one whole
-thread at a time, until a third of its cases are test. Only dev -> test moves: the top-up never
-takes a thread out of test, but growing a class later can pull one of its dev threads in; the
-command prints every case whose split changes, so such a move is seen and checked against the
-rule history before it is written.
+can draw few test threads) moves dev threads into test, one whole thread at a time, until a third
+of its cases are test. Threads new to the corpus go first (lowest fraction first), threads already
+in it only when the new ones are not enough, so growing a class does not pull in a dev thread that
+rules may have been written from. Every thread a top-up has put in test is pinned
+(`evals/split-pins.txt`), so a later top-up that is no longer needed never takes it out of test
+again: a thread's side, once assigned, does not change when cases are added. The command prints
+every case whose split changes, so any move of an assigned case is seen before it is written.
 
 Pure: `assign` maps case ids to splits; `check` says where a corpus breaks the rule. The
 command-line entry is `evals/split.py`.
@@ -27,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 SALT = "diagnoser-evals-split-v1"
@@ -66,7 +69,8 @@ def fraction(url: str) -> float:
     return int.from_bytes(digest, "big") / 2**256
 
 
-def _case_splits(cases: Iterable[SplitCase], test_threads: set[str]) -> dict[str, Split]:
+def split_of(cases: Iterable[SplitCase], test_threads: set[str]) -> dict[str, Split]:
+    """Case id -> split, given the test threads."""
     return {
         case.id: (
             Split.TEST if any(thread(url) in test_threads for url in case.sources) else Split.DEV
@@ -75,14 +79,17 @@ def _case_splits(cases: Iterable[SplitCase], test_threads: set[str]) -> dict[str
     }
 
 
-def test_threads(cases: Sequence[SplitCase]) -> set[str]:
-    """The threads in test: hashed below `TEST_SHARE`, topped up per class (see above)."""
+def test_threads(cases: Sequence[SplitCase], pinned: Iterable[str], new: Iterable[str]) -> set[str]:
+    """The threads in test: hashed below `TEST_SHARE`, the `pinned` earlier top-ups, topped up per
+    class (see above), preferring the `new` threads (those not yet in the corpus)."""
     chosen = {
         thread(url)
         for case in cases
         for url in case.sources
         if fraction(url) < TEST_SHARE
     }  # fmt: skip
+    chosen |= {thread(url) for url in pinned}
+    fresh = {thread(url) for url in new}
     by_class: defaultdict[str, list[SplitCase]] = defaultdict(list)
     for case in cases:
         by_class[case.cls].append(case)
@@ -90,32 +97,53 @@ def test_threads(cases: Sequence[SplitCase]) -> set[str]:
         members = by_class[cls]
         need = math.ceil(MIN_TEST_SHARE * len(members))
         candidates = sorted(
-            {thread(url) for case in members for url in case.sources} - chosen, key=fraction
+            {thread(url) for case in members for url in case.sources} - chosen,
+            key=lambda url: (url not in fresh, fraction(url)),
         )
         for candidate in candidates:
-            splits = _case_splits(members, chosen)
+            splits = split_of(members, chosen)
             if sum(split is Split.TEST for split in splits.values()) >= need:
                 break
             chosen.add(candidate)
     return chosen
 
 
-def assign(cases: Sequence[SplitCase]) -> dict[str, Split]:
+def assign(
+    cases: Sequence[SplitCase], pinned: Iterable[str] = (), new: Iterable[str] = ()
+) -> dict[str, Split]:
     """Case id -> split: `test` when any thread the case quotes is a test thread."""
-    return _case_splits(cases, test_threads(cases))
+    return split_of(cases, test_threads(cases, pinned, new))
 
 
-def mixed(cases: Sequence[SplitCase]) -> list[str]:
+def pins(chosen: Iterable[str]) -> list[str]:
+    """The test threads that are there by a top-up rather than by their hash: what
+    `evals/split-pins.txt` records, sorted, so that they stay in test however the corpus grows."""
+    return sorted(url for url in set(chosen) if fraction(url) >= TEST_SHARE)
+
+
+def read_pins(path: Path) -> list[str]:
+    """The pinned top-up threads of `evals/split-pins.txt` (one URL a line, `#` comments); none
+    when the file is absent."""
+    if not path.exists():
+        return []
+    lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def mixed(cases: Sequence[SplitCase], pinned: Iterable[str] = ()) -> list[str]:
     """Compositions that quote threads of both splits (in test by the rule)."""
-    chosen = test_threads(cases)
+    chosen = test_threads(cases, pinned, ())
     return sorted(
         case.id for case in cases if len({thread(url) in chosen for url in case.sources}) > 1
     )
 
 
-def check(cases: Sequence[SplitCase], recorded: Mapping[str, Split]) -> list[str]:
+def check(
+    cases: Sequence[SplitCase], recorded: Mapping[str, Split], pinned: Iterable[str] = ()
+) -> list[str]:
     """Problems with a corpus's recorded splits (empty: it follows the rule)."""
-    expected = assign(cases)
+    pinned = list(pinned)
+    expected = assign(cases, pinned)
     problems = [
         f"{case.id}: split is {recorded.get(case.id, 'missing')}, the rule says "
         f"{expected[case.id]} (thread {', '.join(thread(u) for u in case.sources)})"
