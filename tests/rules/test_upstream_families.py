@@ -251,3 +251,19 @@ def test_the_same_process_repeating_a_port_error_is_still_one_process(
 ) -> None:
     verdict = verdict_of(pack, tmp_path, "\n".join([_port_error(40211, 0)] * 3))
     assert verdict.action is RESTART
+
+
+def test_a_gpu_that_cannot_initialise_after_an_ecc_error_is_diagnosed_by_the_ecc_error(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    dmesg = "\n".join(
+        [
+            "kernel: NVRM: GPU 0000:0a:00.0: RmInitAdapter failed! (0x24:0x72:1568)",
+            "kernel: NVRM: Xid (PCI:0000:0a:00): 48, pid=2931, An uncorrectable double bit error "
+            "(DBE) has been detected on GPU in the framebuffer at partition 2, subpartition 0.",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, dmesg)
+    assert (verdict.failure_type, verdict.action) == ("gpu_ecc_uncorrectable", CORDON)
+    alone = verdict_of(pack, tmp_path, dmesg.split("\n")[0])
+    assert (alone.failure_type, alone.action) == ("gpu_health_failure", CORDON)
