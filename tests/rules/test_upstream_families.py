@@ -102,7 +102,7 @@ FAILING: dict[str, tuple[str, str, Action]] = {
     "ephemeral storage": (
         "Warning  Evicted  3m  kubelet  Pod ephemeral local storage usage "
         "exceeds the total limit of containers 10Gi.",
-        "disk_full",
+        "ephemeral_storage_eviction",
         NOTIFY,
     ),
     "memory pressure": (
@@ -127,6 +127,60 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "space left on device (28)",
         "shm_exhausted",
         NOTIFY,
+    ),
+    "nccl shm sigbus": (
+        "[gpu-node-1:3039 :0:3095] Caught signal 7 (Bus error: nonexistent physical address)\n"
+        "==== backtrace (tid:   3095) ====\n"
+        " 2 0x000000000007587d ncclGroupEnd()  ???:0",
+        "nccl_shm_error",
+        NOTIFY,
+    ),
+    "open files": ("OSError: [Errno 24] Too many open files", "too_many_open_files", NOTIFY),
+    "slurm time limit": (
+        "slurmstepd: error: *** STEP 3223.0 ON nid01934 CANCELLED AT 2020-07-03T02:59:56 DUE TO "
+        "TIME LIMIT ***",
+        "time_limit",
+        NOTIFY,
+    ),
+    "ray oom": (
+        "(raylet) node_manager.cc:3277: 2 Workers (tasks / actors) killed due to memory pressure "
+        "(OOM), 0 Workers crashed due to other reasons",
+        "host_oom",
+        NOTIFY,
+    ),
+    "image pull": (
+        "Warning  Failed  pod/trainer-0  Error: ImagePullBackOff",
+        "startup_error",
+        NOTIFY,
+    ),
+    "p2p unsupported": (
+        "z-pc:9096:9103 [0] transport/p2p.cc:238 NCCL WARN failed to open CUDA IPC handle : 217 "
+        "peer access is not supported between these two devices",
+        "startup_error",
+        NOTIFY,
+    ),
+    "nvml mismatch": (
+        "Failed to initialize NVML: Driver/library version mismatch",
+        "nvml_driver_mismatch",
+        CORDON,
+    ),
+    "pcie aer": (
+        "nvidia 0000:03:00.0: AER: can't recover (no error_detected callback)",
+        "gpu_fallen_off_bus",
+        CORDON,
+    ),
+    "ucx retry": (
+        "[n4:3639:0:3639] ib_mlx5_log.c:171  Transport retry count exceeded on mlx5_0:1/IB (synd "
+        "0x15 vend 0x81 hw_synd 0/0)",
+        "ib_error",
+        RESTART,
+    ),
+    "jax heartbeat": (
+        "E coordination_service.cc:1170] /job:jax_worker/replica:0/task:0 has been set to ERROR in "
+        "coordination service: UNAVAILABLE: Task /job:jax_worker/replica:0/task:0 heartbeat "
+        "timeout.",
+        "rendezvous_error",
+        RESTART,
     ),
     # other ecosystems' device OOM
     "jax oom": (
@@ -187,6 +241,13 @@ HEALTHY = {
     "kubelet scheduled": "Normal   Scheduled  3m  default-scheduler  Successfully assigned "
     "ml/trainer-0 to gpu-node-4",
     "nccl driver info": "n1:4121:4121 [0] NCCL INFO cudaDriverVersion 12040",
+    "aer corrected": "pcieport 0000:00:03.0: AER: Corrected error received: 0000:00:03.0\n"
+    "pcieport 0000:00:03.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver "
+    "ID)",
+    "aer recovered": "pcieport 0000:00:03.0: AER: device recovery successful",
+    "image pulled": 'Normal  Pulled  pod/trainer-0  Successfully pulled image "train:v3" in 41s',
+    "ray no kills": "(raylet) node_manager.cc:3277: 0 Workers (tasks / actors) killed due to "
+    "memory pressure (OOM), 1 Workers crashed due to other reasons",
 }
 
 
@@ -267,3 +328,13 @@ def test_a_gpu_that_cannot_initialise_after_an_ecc_error_is_diagnosed_by_the_ecc
     assert (verdict.failure_type, verdict.action) == ("gpu_ecc_uncorrectable", CORDON)
     alone = verdict_of(pack, tmp_path, dmesg.split("\n")[0])
     assert (alone.failure_type, alone.action) == ("gpu_health_failure", CORDON)
+
+
+def test_a_lone_bus_error_still_escalates_while_its_window_waits(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    """A windowed rule that matched without reaching its count did not fire: the catch-all on
+    the same line still speaks."""
+    line = "[gpu-node-1:3039 :0:3095] Caught signal 7 (Bus error: nonexistent physical address)"
+    verdict = verdict_of(pack, tmp_path, line)
+    assert (verdict.failure_type, verdict.action) == ("fatal_signal", Action.ESCALATE)
