@@ -245,6 +245,7 @@ HEALTHY = {
     "pcieport 0000:00:03.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver "
     "ID)",
     "aer recovered": "pcieport 0000:00:03.0: AER: device recovery successful",
+    "setup probe": "/bin/sh: 1: nvidia-smi: not found",
     "image pulled": 'Normal  Pulled  pod/trainer-0  Successfully pulled image "train:v3" in 41s',
     "ray no kills": "(raylet) node_manager.cc:3277: 0 Workers (tasks / actors) killed due to "
     "memory pressure (OOM), 1 Workers crashed due to other reasons",
@@ -307,11 +308,11 @@ def test_a_port_error_of_one_process_is_a_restart_not_a_cordon(
     assert (verdict.failure_type, verdict.action) == ("ib_error", RESTART)
 
 
-def test_the_same_process_repeating_a_port_error_is_still_one_process(
+def test_a_lone_non_fatal_port_error_escalates_and_never_cordons(
     pack: RuleSet, tmp_path: Path
 ) -> None:
     verdict = verdict_of(pack, tmp_path, "\n".join([_port_error(40211, 0)] * 3))
-    assert verdict.action is RESTART
+    assert (verdict.failure_type, verdict.action) == ("ib_error", Action.ESCALATE)
 
 
 def test_a_gpu_that_cannot_initialise_after_an_ecc_error_is_diagnosed_by_the_ecc_error(
