@@ -182,6 +182,25 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "rendezvous_error",
         RESTART,
     ),
+    "port in use": (
+        "[W socket.cpp:464] [c10d] The server socket has failed to bind to 0.0.0.0:29500 (errno: "
+        "98 - Address already in use).",
+        "rendezvous_error",
+        NOTIFY,
+    ),
+    "slurm gres": (
+        "srun: error: Unable to create step for job 1641: Invalid generic resource (gres) "
+        "specification",
+        "startup_error",
+        NOTIFY,
+    ),
+    "kaldi cuda": (
+        'ERROR (nnet3-train[5.4]:CopyToVec():cu-vector.cc:899) cudaError_t 4 : "unspecified '
+        "launch failure\" returned from 'cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost)'",
+        "gpu_fault",
+        Action.ESCALATE,
+    ),
+    "bare killed": ("Killed", "process_killed", Action.ESCALATE),
     # other ecosystems' device OOM
     "jax oom": (
         "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
