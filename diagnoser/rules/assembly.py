@@ -38,7 +38,8 @@ HEADLESS_ANCHORS = ("Error: ", "Exception: ")
 """Literal anchors of a traceback's last line seen without its header (see `headless_exception`)."""
 
 _PREFIX = regex.compile(
-    r"^(?:\[(?:rank|[a-z]+)?\d+\]:[ ]?|\d{1,5}: |\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)[ ]?)"
+    r"^(?:\[(?:rank|[a-z]+)?\d+\]:[ ]?|\d{1,5}: |\([\w.-]+ pid=\d+(?:, ip=[\d.]+)?\)[ ]?"
+    r"|\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:[ ]?)"
 )
 _EXCEPTION_LINE = regex.compile(
     r"^(?P<qualname>(?:[A-Za-z_]\w*\.)*(?P<name>[A-Z]\w*[a-z]\w*)"
@@ -65,7 +66,8 @@ MAX_NCCL_LINES = 12
 
 
 def strip_prefix(line: str) -> str:
-    """Drop a launcher prefix (`[rank3]: `, `[default0]:`, srun `3: `, Ray `(Worker pid=12) `).
+    """Drop a launcher prefix (`[rank3]: `, `[default0]:`, srun `3: `, Ray `(Worker pid=12) `,
+    Open MPI's `--tag-output` `[1,3]<stderr>:`, which Horovod's mpirun launches print too).
 
     Framing keeps these in the text (evidence must match the user's log); assembly reads past them.
     """

@@ -198,10 +198,12 @@ class JobScanner:
                 continue
             m = self._search(rule, line)
             if m is not None:
-                matched = True
                 event = self._event(rule, m, line, offset, line_no, node, rank, now, {}, ())
                 if event is not None:
+                    matched = True
                     events.append(event)
+        # A windowed rule that matched without reaching its count did not fire: the line's
+        # catch-all still speaks (a lone bus error escalates while it waits for its NCCL frame).
         if not matched and fallbacks_too:
             for rule in fallbacks:
                 m = self._search(rule, line)

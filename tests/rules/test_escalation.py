@@ -48,7 +48,7 @@ FAILING = {
     "0x7f1c00000000.",
     "amdgpu reset": "amdgpu 0000:c1:00.0: amdgpu: GPU reset begin!",
     "nvrm": "NVRM: GPU 0000:3b:00.0: GPU reset is required",
-    "nvml": "Failed to initialize NVML: Driver/library version mismatch",
+    "nvml": "Failed to initialize NVML: Driver Not Loaded",
     "comm aborted": "NCCL communicator was aborted on rank 3.",
     "watchdog exc": "[PG 0 Rank 1] Process group watchdog thread terminated with exception: boom",
     "nan word": "Epoch 3 Batch 1200 loss = Infinity",

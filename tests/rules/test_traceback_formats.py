@@ -123,3 +123,17 @@ def test_a_headless_exception_of_an_unknown_type_escalates(pack: RuleSet, line: 
     (event,) = scan_lines(pack, [line])
     assert (event.rule_id, event.action) == ("unexplained_exception_line", Action.ESCALATE)
     assert event.entities["headless"] == "true"
+
+
+def test_open_mpi_tagged_tracebacks_are_assembled(pack: RuleSet) -> None:
+    """`mpirun --tag-output` (Horovod too) prefixes every line with `[job,rank]<stream>:`."""
+    events = scan_lines(
+        pack,
+        [
+            "[1,3]<stderr>:Traceback (most recent call last):",
+            '[1,3]<stderr>:  File "/workspace/train.py", line 12, in <module>',
+            "[1,3]<stderr>:    main()",
+            "[1,3]<stderr>:KeyError: 'labels'",
+        ],
+    )
+    assert [(e.failure_type, e.action.value) for e in events] == [("KeyError", "notify_user")]

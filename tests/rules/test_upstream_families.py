@@ -1,0 +1,360 @@
+"""Rule families written from upstream sources, measured as a user sees them: a job's verdict.
+
+Each failing log is a few healthy training steps and one report in the spelling its upstream
+code prints (NCCL, PyTorch, the CUDA runtime, NVML / nvidia-smi / DCGM, amdgpu, mlx5, the
+kubelet, Slurm, argparse, the shell). Each healthy log carries the harmless neighbours of those
+reports, which must stay silent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diagnoser.diagnosis.correlate import Status, Verdict
+from diagnoser.diagnosis.offline import diagnose, node_logs
+from diagnoser.rules import Action, RuleSet
+
+STEPS = "".join(
+    f" iteration {i:>6}/  500000 | consumed samples: {i * 128:>10} | lm loss: 2.41E+00 |\n"
+    for i in range(1, 4)
+)
+
+CORDON = Action.CORDON_NODE_AND_RESTART
+NOTIFY = Action.NOTIFY_USER
+RESTART = Action.RESTART_JOB
+
+FAILING: dict[str, tuple[str, str, Action]] = {
+    # start-up: the owner must change the launch, a restart fails the same way
+    "argparse": (
+        "train.py: error: unrecognized arguments: --lr-sched cosine",
+        "startup_error",
+        NOTIFY,
+    ),
+    "missing script": (
+        "python3: can't open file '/ws/train.py': [Errno 2] No such file or directory",
+        "startup_error",
+        NOTIFY,
+    ),
+    "missing launcher": ("bash: line 1: torchrun: command not found", "startup_error", NOTIFY),
+    "duplicate gpu": (
+        "n1:4121:4121 [0] init.cc:738 NCCL WARN Duplicate GPU detected : rank 2 "
+        "and rank 3 both on CUDA device 1b000",
+        "startup_error",
+        NOTIFY,
+    ),
+    "nccl versions": (
+        "n1:4121:4121 [0] init.cc:612 NCCL WARN Mismatched NCCL version detected "
+        ": rank 4 version 22105 rank 0 version 21805",
+        "startup_error",
+        NOTIFY,
+    ),
+    "driver too old": (
+        "RuntimeError: CUDA error: CUDA driver version is insufficient for CUDA runtime version",
+        "startup_error",
+        NOTIFY,
+    ),
+    "no kernel image": (
+        "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+        "startup_error",
+        NOTIFY,
+    ),
+    # GPU health outside Xid lines: the node is the culprit
+    "nvidia-smi reset": (
+        "        Reset Required                    : Yes",
+        "gpu_health_failure",
+        CORDON,
+    ),
+    "nvml reset": (
+        "Unable to determine the device handle for GPU0000:3B:00.0: GPU requires reset",
+        "gpu_health_failure",
+        CORDON,
+    ),
+    "dcgm retired pages": (
+        "16 or more retired pages have been detected in GPU 1.",
+        "gpu_health_failure",
+        CORDON,
+    ),
+    "dcgm nvlink": ("GPU 0's NvLink link 3 is currently down", "nvlink_error", CORDON),
+    "amdgpu ras": (
+        "amdgpu 0000:1b:00.0: amdgpu: 2 uncorrectable hardware errors detected in umc block",
+        "gpu_health_failure",
+        CORDON,
+    ),
+    "amdgpu bad pages": (
+        "amdgpu 0000:c1:00.0: amdgpu: Saved bad pages(512) reaches threshold value(512).",
+        "gpu_row_remap_failure",
+        CORDON,
+    ),
+    # host-level InfiniBand faults
+    "mlx5 fatal": (
+        "kernel: mlx5_core 0000:3b:00.0: poll_health:816:(pid 0): Fatal error 1 detected",
+        "ib_host_fault",
+        CORDON,
+    ),
+    "hca fatal event": (
+        "n1:2231:2290 [3] NCCL WARN NET/IB : mlx5_2:1 async fatal event: local catastrophic error",
+        "ib_host_fault",
+        CORDON,
+    ),
+    # container and scheduler limits: never a cordon
+    "ephemeral storage": (
+        "Warning  Evicted  3m  kubelet  Pod ephemeral local storage usage "
+        "exceeds the total limit of containers 10Gi.",
+        "ephemeral_storage_eviction",
+        NOTIFY,
+    ),
+    "memory pressure": (
+        "Warning  Evicted  3m  kubelet  The node was low on resource: memory. "
+        "Threshold quantity: 100Mi, available: 65432Ki.",
+        "host_oom",
+        NOTIFY,
+    ),
+    "slurm memory": (
+        "slurmstepd: error: Step 1234.0 exceeded memory limit (41943040 > 33554432), being killed",
+        "host_oom",
+        NOTIFY,
+    ),
+    "dataloader shm": (
+        "ERROR: Unexpected bus error encountered in worker. This might be caused "
+        "by insufficient shared memory (shm).",
+        "shm_exhausted",
+        NOTIFY,
+    ),
+    "torch shm file": (
+        "RuntimeError: unable to write to file </torch_18692_1954506130>: No "
+        "space left on device (28)",
+        "shm_exhausted",
+        NOTIFY,
+    ),
+    "nccl shm sigbus": (
+        "[gpu-node-1:3039 :0:3095] Caught signal 7 (Bus error: nonexistent physical address)\n"
+        "==== backtrace (tid:   3095) ====\n"
+        " 2 0x000000000007587d ncclGroupEnd()  ???:0",
+        "nccl_shm_error",
+        NOTIFY,
+    ),
+    "open files": ("OSError: [Errno 24] Too many open files", "too_many_open_files", NOTIFY),
+    "slurm time limit": (
+        "slurmstepd: error: *** STEP 3223.0 ON nid01934 CANCELLED AT 2020-07-03T02:59:56 DUE TO "
+        "TIME LIMIT ***",
+        "time_limit",
+        NOTIFY,
+    ),
+    "ray oom": (
+        "(raylet) node_manager.cc:3277: 2 Workers (tasks / actors) killed due to memory pressure "
+        "(OOM), 0 Workers crashed due to other reasons",
+        "host_oom",
+        NOTIFY,
+    ),
+    "image pull": (
+        "Warning  Failed  pod/trainer-0  Error: ImagePullBackOff",
+        "startup_error",
+        NOTIFY,
+    ),
+    "p2p unsupported": (
+        "z-pc:9096:9103 [0] transport/p2p.cc:238 NCCL WARN failed to open CUDA IPC handle : 217 "
+        "peer access is not supported between these two devices",
+        "startup_error",
+        NOTIFY,
+    ),
+    "nvml mismatch": (
+        "Failed to initialize NVML: Driver/library version mismatch",
+        "nvml_driver_mismatch",
+        CORDON,
+    ),
+    "pcie aer": (
+        "nvidia 0000:03:00.0: AER: can't recover (no error_detected callback)",
+        "gpu_fallen_off_bus",
+        CORDON,
+    ),
+    "ucx retry": (
+        "[n4:3639:0:3639] ib_mlx5_log.c:171  Transport retry count exceeded on mlx5_0:1/IB (synd "
+        "0x15 vend 0x81 hw_synd 0/0)",
+        "ib_error",
+        RESTART,
+    ),
+    "jax heartbeat": (
+        "E coordination_service.cc:1170] /job:jax_worker/replica:0/task:0 has been set to ERROR in "
+        "coordination service: UNAVAILABLE: Task /job:jax_worker/replica:0/task:0 heartbeat "
+        "timeout.",
+        "rendezvous_error",
+        RESTART,
+    ),
+    "port in use": (
+        "[W socket.cpp:464] [c10d] The server socket has failed to bind to 0.0.0.0:29500 (errno: "
+        "98 - Address already in use).",
+        "rendezvous_error",
+        NOTIFY,
+    ),
+    "slurm gres": (
+        "srun: error: Unable to create step for job 1641: Invalid generic resource (gres) "
+        "specification",
+        "startup_error",
+        NOTIFY,
+    ),
+    "kaldi cuda": (
+        'ERROR (nnet3-train[5.4]:CopyToVec():cu-vector.cc:899) cudaError_t 4 : "unspecified '
+        "launch failure\" returned from 'cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost)'",
+        "gpu_fault",
+        Action.ESCALATE,
+    ),
+    "bare killed": ("Killed", "process_killed", Action.ESCALATE),
+    # other ecosystems' device OOM
+    "jax oom": (
+        "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+        "trying to allocate 17179869184 bytes.",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "rocm oom": (
+        "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB.",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    # older NCCL and PyTorch spellings
+    "watchdog pre-1.10": (
+        "[E ProcessGroupNCCL.cpp:566] [Rank 3] Watchdog caught collective "
+        "operation timeout: WorkNCCL(OpType=ALLREDUCE, Timeout(ms)=1800000) ran "
+        "for 1800995 milliseconds before timing out.",
+        "nccl_timeout",
+        RESTART,
+    ),
+    "ib completion pre-2.12": (
+        "n2:5776:5902 [0] transport/net_ib.cc:838 NCCL WARN NET/IB : Got "
+        "completion with error 12, opcode 1, len 32768, vendor err 129",
+        "ib_error",
+        RESTART,
+    ),
+    "store barrier": (
+        "RuntimeError: Timed out initializing process group in store based barrier "
+        "on rank: 3, for key: store_based_barrier_key:1 (world_size=8, "
+        "worker_count=7, timeout=0:30:00)",
+        "rendezvous_error",
+        RESTART,
+    ),
+}
+
+HEALTHY = {
+    "argparse usage": "usage: train.py [-h] [--lr LR] [--epochs EPOCHS]",
+    "nvidia-smi ok": "    GPU Reset Status\n        Reset Required                    : No\n"
+    "        Drain and Reset Recommended       : No",
+    "remap pending after a correctable error": "    Remapped Rows\n        Correctable Error "
+    "                : 1\n        Uncorrectable Error               : 0\n        Pending     "
+    "                      : Yes\n        Remapping Failure Occurred        : No",
+    "dcgm throttle": "Detected clock throttling due to thermal violation in GPU 2.",
+    "amdgpu correctable": "amdgpu 0000:1b:00.0: amdgpu: 3 correctable hardware errors detected "
+    "in umc block",
+    "amdgpu reset ok": "amdgpu 0000:c1:00.0: amdgpu: GPU reset(2) succeeded!",
+    "mlx5 module plugged": "kernel: mlx5_core 0000:3b:00.0: mlx5_port_module_event:1131:(pid 0): "
+    "Port module event: module 0, Cable plugged",
+    "nccl ib info": "n2:5776:5902 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; "
+    "OOB eth0:10.2.0.4<0>",
+    "port active": "n2:5776:5902 [0] NCCL WARN NET/IB : mlx5_0:1 Got non-fatal async event: port "
+    "active(9)",
+    "xla bfc warning": "W external/tsl/tsl/framework/bfc_allocator.cc:296] Allocator (GPU_0_bfc) "
+    "ran out of memory trying to allocate 2.17GiB with freed_by_count=0. The caller indicates "
+    "that this is not a failure, but this may mean that there could be performance gains if "
+    "more memory were available.",
+    "kubelet scheduled": "Normal   Scheduled  3m  default-scheduler  Successfully assigned "
+    "ml/trainer-0 to gpu-node-4",
+    "nccl driver info": "n1:4121:4121 [0] NCCL INFO cudaDriverVersion 12040",
+    "aer corrected": "pcieport 0000:00:03.0: AER: Corrected error received: 0000:00:03.0\n"
+    "pcieport 0000:00:03.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver "
+    "ID)",
+    "aer recovered": "pcieport 0000:00:03.0: AER: device recovery successful",
+    "setup probe": "/bin/sh: 1: nvidia-smi: not found",
+    "image pulled": 'Normal  Pulled  pod/trainer-0  Successfully pulled image "train:v3" in 41s',
+    "ray no kills": "(raylet) node_manager.cc:3277: 0 Workers (tasks / actors) killed due to "
+    "memory pressure (OOM), 1 Workers crashed due to other reasons",
+}
+
+
+def verdict_of(pack: RuleSet, tmp_path: Path, *texts: str) -> Verdict:
+    paths = []
+    for i, text in enumerate(texts):
+        path = tmp_path / f"node-{i}.log"
+        path.write_text(STEPS + text + "\n", encoding="utf-8")
+        paths.append(path)
+    return diagnose(node_logs(paths), pack).verdict
+
+
+@pytest.mark.parametrize(("line", "failure_type", "action"), FAILING.values(), ids=list(FAILING))
+def test_an_upstream_spelling_gets_its_family_verdict(
+    pack: RuleSet, tmp_path: Path, line: str, failure_type: str, action: Action
+) -> None:
+    verdict = verdict_of(pack, tmp_path, line)
+    assert (verdict.failure_type, verdict.action) == (failure_type, action)
+    if action is CORDON:
+        assert verdict.culprit_nodes == ("node-0",)
+
+
+@pytest.mark.parametrize("text", HEALTHY.values(), ids=list(HEALTHY))
+def test_the_harmless_neighbours_of_those_reports_stay_healthy(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    assert verdict_of(pack, tmp_path, text).status is Status.HEALTHY
+
+
+def _port_error(pid: int, dev: int) -> str:
+    return (
+        f"gpu-node-7:{pid}:{pid + 91} [{dev}] transport/net_ib/common.cc:221 NCCL WARN NET/IB : "
+        f"mlx5_0:1 Got non-fatal async event: port error(10)"
+    )
+
+
+PEER_ERROR = (
+    "gpu-node-3:5776:5902 [0] transport/net_ib/p2p.cc:648 NCCL WARN NET/IB: Got completion from "
+    "peer 10.0.0.7<40554> with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_RECV_RDMA_WITH_IMM"
+    "(129) vendor_err=129 localGid ::ffff:10.0.0.3 remoteGids::ffff:10.0.0.7 hca mlx5_1"
+)
+
+
+def test_a_port_error_on_every_rank_of_one_host_cordons_that_host(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    host = "\n".join(_port_error(40211 + i, i) for i in range(4))
+    verdict = verdict_of(pack, tmp_path, PEER_ERROR, host)
+    assert (verdict.failure_type, verdict.action) == ("ib_host_fault", CORDON)
+    assert verdict.culprit_nodes == ("node-1",)
+
+
+def test_a_port_error_of_one_process_is_a_restart_not_a_cordon(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    verdict = verdict_of(pack, tmp_path, PEER_ERROR, _port_error(40211, 0))
+    assert (verdict.failure_type, verdict.action) == ("ib_error", RESTART)
+
+
+def test_a_lone_non_fatal_port_error_escalates_and_never_cordons(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    verdict = verdict_of(pack, tmp_path, "\n".join([_port_error(40211, 0)] * 3))
+    assert (verdict.failure_type, verdict.action) == ("ib_error", Action.ESCALATE)
+
+
+def test_a_gpu_that_cannot_initialise_after_an_ecc_error_is_diagnosed_by_the_ecc_error(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    dmesg = "\n".join(
+        [
+            "kernel: NVRM: GPU 0000:0a:00.0: RmInitAdapter failed! (0x24:0x72:1568)",
+            "kernel: NVRM: Xid (PCI:0000:0a:00): 48, pid=2931, An uncorrectable double bit error "
+            "(DBE) has been detected on GPU in the framebuffer at partition 2, subpartition 0.",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, dmesg)
+    assert (verdict.failure_type, verdict.action) == ("gpu_ecc_uncorrectable", CORDON)
+    alone = verdict_of(pack, tmp_path, dmesg.split("\n")[0])
+    assert (alone.failure_type, alone.action) == ("gpu_health_failure", CORDON)
+
+
+def test_a_lone_bus_error_still_escalates_while_its_window_waits(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    """A windowed rule that matched without reaching its count did not fire: the catch-all on
+    the same line still speaks."""
+    line = "[gpu-node-1:3039 :0:3095] Caught signal 7 (Bus error: nonexistent physical address)"
+    verdict = verdict_of(pack, tmp_path, line)
+    assert (verdict.failure_type, verdict.action) == ("fatal_signal", Action.ESCALATE)
