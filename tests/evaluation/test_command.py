@@ -62,7 +62,7 @@ def test_a_floor_above_reach_fails_the_gate(tmp_path: Path) -> None:
     (tmp_path / "floors.yaml").write_text("action: 1.0\n")
     result = evaluate(str(tmp_path), "--json")
     assert result.returncode == 1
-    assert "action_accuracy" in json.loads(result.stdout)["failures"][0]
+    assert any("action_accuracy" in f for f in json.loads(result.stdout)["failures"])
 
 
 def test_without_the_reported_stalls_the_hangs_are_missed_and_nothing_else_changes() -> None:
@@ -98,7 +98,8 @@ def test_a_test_floor_above_reach_fails_the_gate(tmp_path: Path) -> None:
     (tmp_path / "floors.yaml").write_text("test:\n  category: 1.0\n")
     result = evaluate(str(tmp_path), "--json")
     assert result.returncode == 1
-    assert json.loads(result.stdout)["failures"][0].startswith("test category_accuracy")
+    failures = json.loads(result.stdout)["failures"]
+    assert any(f.startswith("test category_accuracy") for f in failures)
 
 
 def test_the_score_does_not_depend_on_the_shells_hang_settings() -> None:
