@@ -136,7 +136,8 @@ def test_watchdog_entities(pack: RuleSet) -> None:
 XID = "NVRM: Xid (PCI:{pci}): {xid}, pid=9811, Ch 00000010"
 
 
-def test_app_xid_repeated_on_same_gpu_cordons(pack: RuleSet) -> None:
+def test_app_xid_repeated_on_same_gpu_escalates_for_a_diagnostic(pack: RuleSet) -> None:
+    """A hardware suspicion, not proof: NVSentinel runs a diagnostic; a person decides here."""
     scanner = pack.job_scanner()
     first = scanner.feed("node-4", None, make_batch([XID.format(pci="0000:3b:00", xid=31)]), 1000.0)
     assert {e.action for e in first} == {Action.RESTART_JOB}
@@ -144,7 +145,7 @@ def test_app_xid_repeated_on_same_gpu_cordons(pack: RuleSet) -> None:
         "node-4", None, make_batch([XID.format(pci="0000:3b:00", xid=13)]), 1100.0
     )
     repeated = [e for e in second if e.rule_id == "xid_repeated_same_gpu"]
-    assert [e.action for e in repeated] == [Action.CORDON_NODE_AND_RESTART]
+    assert [e.action for e in repeated] == [Action.ESCALATE]
     assert repeated[0].entities["window_count"] == "2"
 
 
