@@ -229,8 +229,13 @@ class Compressor:
         if template_id in self.tainted:
             return
         view = self.miner.get(template_id)
-        if view is None or view.id != template_id or view.id in self.filters.by_template():
+        if view is None or view.id != template_id:
             return
+        known = self.filters.by_template().get(view.id)
+        if known is not None and (known.template == view.text or not known.enabled):
+            return
+        # New, or its template widened since the filter was made (a slot that took another
+        # type): the old filter no longer takes these lines, so the widened one is proposed.
         if self.guard.single([view.text, *view.samples]):
             self.tainted.add(template_id)
             return
@@ -250,6 +255,37 @@ class JobCompression:
         self._pending: Counter[int] = Counter()
         self._pending_first: dict[int, int] = {}
         self._warm_up = True
+        self.filters: FilterSet | None = None
+        """Filters of this job alone (`job`-scope rows), tried on what the family's left."""
+
+    def job_filters(self) -> FilterSet:
+        """This job's own filter set, created on first use."""
+        if self.filters is None:
+            self.filters = FilterSet(engine=self.compressor.config.engine)
+        return self.filters
+
+    def _texts(self) -> dict[int, str]:
+        texts = {f.template_id: f.template for f in self.compressor.filters.filters}
+        if self.filters is not None:
+            texts.update({f.template_id: f.template for f in self.filters.filters})
+        return texts
+
+    def _match(self, lines: Sequence[str]) -> tuple[list[int | None], list[Filter]]:
+        """The family's filters, then this job's own on the lines they left."""
+        idx, active = self.compressor.filters.match_indexes(lines)
+        own = self.filters
+        if own is None or not own.filters or None not in idx:
+            return idx, active
+        missed = [i for i, x in enumerate(idx) if x is None]
+        found, own_active = own.match_indexes([lines[i] for i in missed])
+        if all(x is None for x in found):
+            return idx, active
+        base = len(active)
+        idx = list(idx)
+        for i, x in zip(missed, found, strict=True):
+            if x is not None:
+                idx[i] = base + x
+        return idx, [*active, *own_active]
 
     def feed(
         self,
@@ -280,23 +316,53 @@ class JobCompression:
         ranks: Sequence[int | None] | None,
         node: str | None,
     ) -> list[int]:
+        """Guard the chunk once, then filter it; when a kept line teaches a new filter, the
+        rest of the chunk is matched again, so the filter applies from the very next line."""
+        c = self.compressor
+        state = self._state.setdefault(stream, GuardState())
+        guarded = c.guard.scan(lines, state, ranks)
+        kept: list[int] = []
+        start = 0
+        while start < len(lines):
+            if start:
+                part = lines[start:]
+                shifted = {i - start: r for i, r in guarded.items() if i >= start}
+                found, used = self._part(
+                    part, shifted, ranks[start:] if ranks is not None else None, node
+                )
+            else:
+                found, used = self._part(lines, guarded, ranks, node)
+            kept.extend(start + i for i in found)
+            start += used
+        return kept
+
+    def _part(
+        self,
+        lines: Sequence[str],
+        guarded: dict[int, GuardReason],
+        ranks: Sequence[int | None] | None,
+        node: str | None,
+    ) -> tuple[list[int], int]:
+        """Filter and keep lines until one teaches a filter; return kept indexes, lines used."""
         c = self.compressor
         log = self.log
         first = log.lines_in + 1
-        log.lines_in += len(lines)
-        c.lines_in += len(lines)
-        state = self._state.setdefault(stream, GuardState())
-        guarded = c.guard.scan(lines, state, ranks)
-        idx, active = c.filters.match_indexes(lines)
+        base = c.lines_in
+        idx, active = self._match(lines)
 
         idx = self._enforce(lines, guarded, idx, active, first)
         kept = [i for i, x in enumerate(idx) if x is None] if None in idx else []
 
         tids = log.template_ids
+        tids_before = 0
         if tids is not None:
+            tids_before = len(tids)
             tids.extend(-1 if x is None else active[x].template_id for x in idx)
 
+        used = len(lines)
+        filters_before = len(c.filters.filters)
         prev = 0
+        done: list[int] = []
         progress_kept: list[int] = []
         hits: Counter[int | None] = Counter()
         for i in kept:
@@ -305,17 +371,26 @@ class JobCompression:
             prev = i + 1
             self._flush_runs()
             rank = ranks[i] if ranks is not None else None
-            tid = self._keep(
-                lines[i], first + i, guarded.get(i), rank, node, c.lines_in - len(lines) + i + 1
-            )
+            tid = self._keep(lines[i], first + i, guarded.get(i), rank, node, base + i + 1)
+            done.append(i)
             if c._is_progress(tid):
                 progress_kept.append(i)
-        if prev < len(lines):
-            hits += self._gap(idx, active, prev, len(lines), first)
-        self._count(hits, active, first + len(lines) - 1)
+            if len(c.filters.filters) != filters_before and i + 1 < len(lines):
+                used = i + 1
+                break
+        if prev < used:
+            hits += self._gap(idx, active, prev, used, first)
+        if used < len(lines):
+            if tids is not None:
+                del tids[tids_before + used :]
+            idx = idx[:used]
+            lines = lines[:used]
+        log.lines_in += used
+        c.lines_in += used
+        self._count(hits, active, first + used - 1)
         if c.config.read_signals:
             self._signals(lines, idx, active, first, progress_kept)
-        return kept
+        return done, used
 
     def _enforce(
         self,
@@ -333,7 +408,10 @@ class JobCompression:
             if x is not None:
                 f = active[x]
                 reason_text = f"matched a guarded line ({reason.value})"
-                self.compressor.filters.disable(f, first + i, lines[i], reason_text)
+                own = self.filters
+                mine = own is not None and any(f is g for g in own.filters)
+                owner = own if own is not None and mine else self.compressor.filters
+                owner.disable(f, first + i, lines[i], reason_text)
                 broken.add(x)
         return [None if x in broken else x for x in idx] if broken else idx
 
@@ -375,7 +453,7 @@ class JobCompression:
 
     def pending_runs(self) -> list[Run]:
         """The filtered runs since the last kept line (still open: a live job's log tail)."""
-        texts = {f.template_id: f.template for f in self.compressor.filters.filters}
+        texts = self._texts()
         return [
             Run(tid, texts.get(tid, ""), n, self._pending_first[tid])
             for tid, n in self._pending.items()
@@ -409,7 +487,7 @@ class JobCompression:
             self._pending.clear()
             self._pending_first.clear()
             return
-        texts = {f.template_id: f.template for f in self.compressor.filters.filters}
+        texts = self._texts()
         for tid, n in self._pending.items():
             log._order.append((1, len(log.runs)))
             log.runs.append(Run(tid, texts.get(tid, ""), n, self._pending_first[tid]))
