@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import regex
 
 from diagnoser.rules.ruleset import RuleSet
-from diagnoser.templates.filters import Filter, FilterSet
+from diagnoser.templates.filters import Filter, FilterSet, Proposer, Rejection, candidates
 from diagnoser.templates.guard import Guard, GuardReason, GuardState
 from diagnoser.templates.miner import MinerConfig, TemplateMiner
 from diagnoser.templates.model import TemplateView
@@ -50,6 +50,11 @@ class CompressorConfig:
     signals: SignalConfig = field(default_factory=SignalConfig)
     read_signals: bool = True
     """Read step, loss, lr, grad norm and throughput from progress lines (filtered or kept)."""
+    promote: bool = True
+    """When a new job of the family starts, propose filters for the templates earlier jobs
+    left unfiltered (seen fewer than `min_count` times): for the new job they are not novel."""
+    promote_max: int = 1000
+    """Templates tried per promotion (most frequent first)."""
     engine: str = "auto"
     """Matcher and guard engine: "hyperscan", "regex" or "auto"."""
     miner: MinerConfig = field(default_factory=MinerConfig)
@@ -193,10 +198,78 @@ class Compressor:
         self._extractors: dict[int, Extractor | None] = {}
         self.lines_in = 0
         """Lines fed across every job of the family (the miner's line numbers)."""
+        self.jobs_started = 0
+        self._promoted: dict[int, str] = {}
+        """Template id -> the text a promotion last tried (tried once per text)."""
 
-    def job(self, *, record: bool = False, max_entries: int | None = None) -> JobCompression:
-        """Start compressing a new job of this family (its own line numbers, log, signals)."""
+    def job(
+        self,
+        *,
+        record: bool = False,
+        max_entries: int | None = None,
+        promote: bool | None = None,
+    ) -> JobCompression:
+        """Start compressing a new job of this family (its own line numbers, log, signals).
+
+        From the second job on, the templates earlier jobs taught are promoted to filters
+        first (`CompressorConfig.promote`; `promote=False` leaves it to the caller, as the
+        service does off the ingest path with `promotion` and `finish_promotion`)."""
+        if self.jobs_started and (self.config.promote if promote is None else promote):
+            self.promote()
+        self.jobs_started += 1
         return JobCompression(self, record=record, max_entries=max_entries)
+
+    def promotion(self) -> tuple[list[tuple[TemplateView, list[str]]], Validator]:
+        """What a promotion validates: unfiltered clean templates with their deterministic
+        candidates, and a snapshot validator (safe to run in a thread)."""
+        covered = self.filters.by_template()
+        work: list[tuple[TemplateView, list[str]]] = []
+        for view in self.miner.templates():
+            if len(work) >= self.config.promote_max:
+                break
+            if view.id in covered or view.id in self.tainted:
+                continue
+            if self._promoted.get(view.id) == view.text:
+                continue
+            self._promoted[view.id] = view.text
+            if self.guard.single([view.text, *view.samples]):
+                self.tainted.add(view.id)
+                continue
+            work.append((view, candidates(view)))
+        snapshot = Validator(self.validator.corpus, timeout=self.validator.timeout)
+        return work, snapshot
+
+    def finish_promotion(
+        self,
+        found: Sequence[tuple[TemplateView, str]],
+        snapshot: Validator,
+        rejected: Sequence[Rejection] = (),
+    ) -> int:
+        """Add the promoted filters validated against `snapshot`; a failure line remembered
+        since then, or a template merged, evicted or filtered meanwhile, drops the candidate."""
+        records = self.filters.rejections
+        records.extend(rejected)
+        del records[: -FilterSet.MAX_RECORDS]
+        known = set(snapshot.corpus)
+        fresh = [line for line in self.validator.corpus if line not in known]
+        added = 0
+        for view, pattern in found:
+            live = self.miner.get(view.id)
+            if live is None or live.id != view.id or view.id in self.filters.by_template():
+                continue
+            if view.id in self.tainted:
+                continue
+            if fresh and Validator(fresh).check(pattern, view.samples) is not None:
+                continue
+            self.filters.add_checked(view, pattern, line_no=self.lines_in)
+            added += 1
+        return added
+
+    def promote(self) -> int:
+        """Promote now (in the caller's thread); how many filters were added."""
+        work, snapshot = self.promotion()
+        found, rejected = validate_promotion(work, snapshot)
+        return self.finish_promotion(found, snapshot, rejected)
 
     def templates(self) -> list[TemplateView]:
         return self.miner.templates()
@@ -529,6 +602,23 @@ class JobCompression:
                     signals.record(values, line_no)
                     continue
             signals.observe(lines[i], line_no)
+
+
+def validate_promotion(
+    work: Sequence[tuple[TemplateView, list[str]]], validator: Validator
+) -> tuple[list[tuple[TemplateView, str]], list[Rejection]]:
+    """The first valid candidate of each template, and the rejected ones (pure: a thread may
+    run it against a snapshot validator)."""
+    found: list[tuple[TemplateView, str]] = []
+    rejected: list[Rejection] = []
+    for view, patterns in work:
+        for pattern in patterns:
+            reason = validator.check(pattern, view.samples)
+            if reason is None:
+                found.append((view, pattern))
+                break
+            rejected.append(Rejection(view.id, pattern, Proposer.DETERMINISTIC, reason))
+    return found, rejected
 
 
 def _origin(line: str, rank: int | None, node: str | None) -> tuple[int | None, str | None]:

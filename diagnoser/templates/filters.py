@@ -214,6 +214,18 @@ class FilterSet:
         if reason is not None:
             self._record(self.rejections, Rejection(template.id, pattern, proposer, reason))
             return None
+        return self.add_checked(template, pattern, proposer=proposer, line_no=line_no, names=names)
+
+    def add_checked(
+        self,
+        template: TemplateView,
+        pattern: str,
+        *,
+        proposer: Proposer = Proposer.DETERMINISTIC,
+        line_no: int = 0,
+        names: tuple[str, ...] = (),
+    ) -> Filter:
+        """Add a pattern the caller has just validated (in a thread, against a snapshot)."""
         new = Filter(
             id=max((f.id for f in self.filters), default=0) + 1,
             template_id=template.id,

@@ -13,6 +13,7 @@ from diagnoser.templates.compressor import (
     KeptLine,
     Run,
     Storm,
+    validate_promotion,
 )
 from diagnoser.templates.family import family_of
 from diagnoser.templates.filters import Filter, Proposer
@@ -218,3 +219,31 @@ def test_job_filters_apply_to_their_job_only_and_the_guard_still_wins() -> None:
     assert own.feed([failure, *lines]) == [0]
     assert not hostile.filters[1].enabled
     assert "guarded" in (hostile.filters[1].disabled_reason or "")
+
+
+def config_dump(seed: int) -> list[str]:
+    """A start-up dump: one line per setting, each its own template, printed once per job."""
+    names = [f"option_{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(300)]
+    return [f"[config] {name} ....... {seed * 7 + i}" for i, name in enumerate(names)]
+
+
+def test_a_second_job_does_not_keep_the_start_up_lines_the_first_one_taught() -> None:
+    compressor = Compressor(pack())
+    failure = "[config] option_zz ....... RuntimeError: CUDA error: out of memory"
+    first = run(compressor.job(), config_dump(1), batch=4096)
+    second = run(compressor.job(), [*config_dump(2), failure], batch=4096)
+    assert first.lines_kept == 300, "each setting is new to the first job"
+    assert second.lines_kept * 3 <= first.lines_kept, second.lines_kept
+    assert [k.text for k in second.kept if k.guarded is not None] == [failure]
+
+
+def test_promotion_can_be_left_to_the_caller() -> None:
+    compressor = Compressor(pack())
+    run(compressor.job(), config_dump(1), batch=4096)
+    job = compressor.job(promote=False)
+    assert len(job.feed(config_dump(2))) == 300
+    work, snapshot = compressor.promotion()
+    assert work
+    found, _ = validate_promotion(work, snapshot)
+    assert compressor.finish_promotion(found, snapshot) == len(found) > 250
+    assert compressor.promotion()[0] == [], "each template is tried once"
