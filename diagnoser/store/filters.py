@@ -87,15 +87,19 @@ class FilterStore:
                 log.exception("filter sync failed; retrying in %.1fs", interval_s)
 
     async def prepare(self, job_id: str, family: str | None) -> None:
-        """Before a job's first line: name its family and load the family's stored filters."""
+        """Before a job's first line: name its family, load the family's stored filters and
+        the job's own (`job` scope), promote what earlier jobs of the family taught. Nothing to
+        do (no database work) once the job is being compressed here."""
+        if job_id in self.stage.jobs:
+            return
         if family:
             self.stage.set_family(job_id, family)
         name = self.stage.family(job_id)
-        if name not in self.stage.families:
-            self.stage.compressor(name)
-            await self.sync([name])
-        elif job_id not in self.stage.jobs:
+        known = name in self.stage.families
+        self.stage.open(job_id)
+        if known:
             await self.promote(name)
+        await self.sync([name])
 
     async def promote(self, family: str) -> int:
         """A new job of a known family: the templates its earlier jobs left unfiltered become

@@ -72,6 +72,10 @@ class CompressionStage:
             self.families.move_to_end(family)
         return found
 
+    def open(self, job_id: str) -> JobCompression:
+        """The job's compression, started now if it is new (before its first batch)."""
+        return self._job(job_id)
+
     def _job(self, job_id: str) -> JobCompression:
         job = self.jobs.get(job_id)
         if job is None:
