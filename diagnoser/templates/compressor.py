@@ -390,21 +390,23 @@ class JobCompression:
         node: str | None,
     ) -> list[int]:
         """Guard the chunk once, then filter it; when a kept line teaches a new filter, the
-        rest of the chunk is matched again, so the filter applies from the very next line."""
+        new filter is tried on the rest of the chunk's unmatched lines (the others' matches
+        stand), so it applies from the very next line."""
         c = self.compressor
         state = self._state.setdefault(stream, GuardState())
         guarded = c.guard.scan(lines, state, ranks)
         kept: list[int] = []
         start = 0
+        matched: tuple[list[int | None], list[Filter]] | None = None
         while start < len(lines):
             if start:
                 part = lines[start:]
                 shifted = {i - start: r for i, r in guarded.items() if i >= start}
-                found, used = self._part(
-                    part, shifted, ranks[start:] if ranks is not None else None, node
+                found, used, matched = self._part(
+                    part, shifted, ranks[start:] if ranks is not None else None, node, matched
                 )
             else:
-                found, used = self._part(lines, guarded, ranks, node)
+                found, used, matched = self._part(lines, guarded, ranks, node, None)
             kept.extend(start + i for i in found)
             start += used
         return kept
@@ -415,13 +417,14 @@ class JobCompression:
         guarded: dict[int, GuardReason],
         ranks: Sequence[int | None] | None,
         node: str | None,
-    ) -> tuple[list[int], int]:
+        matched: tuple[list[int | None], list[Filter]] | None,
+    ) -> tuple[list[int], int, tuple[list[int | None], list[Filter]] | None]:
         """Filter and keep lines until one teaches a filter; return kept indexes, lines used."""
         c = self.compressor
         log = self.log
         first = log.lines_in + 1
         base = c.lines_in
-        idx, active = self._match(lines)
+        idx, active = self._match(lines) if matched is None else matched
 
         idx = self._enforce(lines, guarded, idx, active, first)
         kept = [i for i, x in enumerate(idx) if x is None] if None in idx else []
@@ -453,9 +456,13 @@ class JobCompression:
                 break
         if prev < used:
             hits += self._gap(idx, active, prev, used, first)
+        rest: tuple[list[int | None], list[Filter]] | None = None
         if used < len(lines):
             if tids is not None:
                 del tids[tids_before + used :]
+            rest = _with_new_filters(
+                lines[used:], idx[used:], active, c.filters.filters[filters_before:]
+            )
             idx = idx[:used]
             lines = lines[:used]
         log.lines_in += used
@@ -463,7 +470,7 @@ class JobCompression:
         self._count(hits, active, first + used - 1)
         if c.config.read_signals:
             self._signals(lines, idx, active, first, progress_kept)
-        return done, used
+        return done, used, rest
 
     def _enforce(
         self,
@@ -602,6 +609,35 @@ class JobCompression:
                     signals.record(values, line_no)
                     continue
             signals.observe(lines[i], line_no)
+
+
+def _with_new_filters(
+    lines: Sequence[str], idx: list[int | None], active: list[Filter], new: Sequence[Filter]
+) -> tuple[list[int | None], list[Filter]]:
+    """The matches of the rest of a chunk with the filters just learned added: each is tried
+    (its own `regex` fullmatch, same language as the matcher's) on the lines nothing matched."""
+    added = [f for f in new if f.enabled]
+    if not added or None not in idx:
+        return idx, active
+    compiled = [regex.compile(f.pattern) for f in added]
+    base = len(active)
+    out = list(idx)
+    for i, x in enumerate(idx):
+        if x is None:
+            line = lines[i]
+            for k, pattern in enumerate(compiled):
+                try:
+                    hit = pattern.fullmatch(line, timeout=MATCH_TIMEOUT_S)
+                except TimeoutError:
+                    hit = None  # kept, never wrongly dropped
+                if hit is not None:
+                    out[i] = base + k
+                    break
+    return out, [*active, *added]
+
+
+MATCH_TIMEOUT_S = 0.05
+"""Per line and filter on that path (validated filters finish far sooner)."""
 
 
 def validate_promotion(

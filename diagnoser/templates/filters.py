@@ -41,8 +41,8 @@ SLOT_PATTERNS: dict[Slot, str] = {
 Each is unambiguous (no nested or overlapping repeats), so a filter runs in linear time, and
 digit-blind (no digit is special: `0x` is not spelled with a literal 0), which makes the
 skeleton cache exact (see `FilterSet`)."""
-NUMBER = SLOT_PATTERNS[Slot.FLOAT]
-"""What an `<int>` slot of a proposed filter accepts: any number (no `nan`/`inf`), so a filter
+NUMBER = r"[-+]?[0-9]+(?:\.[0-9]+)?"
+"""What an `<int>` slot of a proposed filter accepts: an integer or a decimal, so a filter
 learned while a value was an integer still matches when it turns float (DeepSpeed's
 `loss scale from 65536` becomes `from 32768.0`). Not where a `.`, a digit or an exponent letter
 touches the slot (`<int>.<int>` versions, `<int>e`): those stay integers."""
