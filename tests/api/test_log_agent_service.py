@@ -57,4 +57,3 @@ def test_the_log_agent_proposes_a_filter_that_is_stored_and_used(tmp_path: Path)
 
         post_text(service, "shards-run1", "node-1", shard_lines(40, 100) + FAILURE + "\n")
         assert kept(service, "shards-run1") == 42, "the llm filter drops them; the failure stays"
-
