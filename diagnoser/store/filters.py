@@ -105,7 +105,7 @@ class FilterStore:
         """A new job of a known family: the templates its earlier jobs left unfiltered become
         filters, validated in a thread against a snapshot (the ingest loop never waits)."""
         compressor = self.stage.families.get(family)
-        if compressor is None:
+        if compressor is None or not compressor.config.promote:
             return 0
         work, snapshot = compressor.promotion()
         if not work:

@@ -81,7 +81,7 @@ class CompressionStage:
         if job is None:
             family = self.family(job_id)
             compressor = self.compressor(family)
-            if compressor.jobs_started:
+            if compressor.jobs_started and compressor.config.promote:
                 self.to_promote.add(family)
             job = self.jobs[job_id] = compressor.job(max_entries=self.max_entries, promote=False)
             while len(self.jobs) > self.max_jobs:

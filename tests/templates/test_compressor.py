@@ -228,7 +228,7 @@ def config_dump(seed: int) -> list[str]:
 
 
 def test_a_second_job_does_not_keep_the_start_up_lines_the_first_one_taught() -> None:
-    compressor = Compressor(pack())
+    compressor = Compressor(pack(), CompressorConfig(promote=True))
     failure = "[config] option_zz ....... RuntimeError: CUDA error: out of memory"
     first = run(compressor.job(), config_dump(1), batch=4096)
     second = run(compressor.job(), [*config_dump(2), failure], batch=4096)
@@ -238,7 +238,7 @@ def test_a_second_job_does_not_keep_the_start_up_lines_the_first_one_taught() ->
 
 
 def test_promotion_can_be_left_to_the_caller() -> None:
-    compressor = Compressor(pack())
+    compressor = Compressor(pack(), CompressorConfig(promote=True))
     run(compressor.job(), config_dump(1), batch=4096)
     job = compressor.job(promote=False)
     assert len(job.feed(config_dump(2))) == 300
