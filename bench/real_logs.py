@@ -28,7 +28,7 @@ from pathlib import Path
 
 from diagnoser.rules import RuleSet, load_dir
 from diagnoser.templates.command import read_batches
-from diagnoser.templates.compressor import Compressor, JobLog
+from diagnoser.templates.compressor import Compressor, CompressorConfig, JobLog
 from diagnoser.templates.guard import FAILURE_PATTERNS, Guard, GuardState
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,9 +119,9 @@ def measure(ruleset: RuleSet, name: str) -> LogResult:
     )
 
 
-def family(ruleset: RuleSet) -> tuple[int, int, int, int]:
+def family(ruleset: RuleSet, promote: bool = False) -> tuple[int, int, int, int]:
     """Kept lines among the first 1,000 of job 1 and of job 2 (same compressor), and counts."""
-    compressor = Compressor(ruleset)
+    compressor = Compressor(ruleset, CompressorConfig(promote=promote))
     first = compress(compressor, DATA / FAMILY[0])
     second = compress(compressor, DATA / FAMILY[1])
     head1 = sum(1 for k in first.kept if k.line_no <= HEAD_LINES)
@@ -153,13 +153,16 @@ def main() -> None:
     lost = [r.name for r in results if r.words_kept != r.words or r.guarded_kept != r.guarded]
     print(f"\nfailure lines dropped: {'none' if not lost else ', '.join(lost)}")
 
-    head1, head2, kept1, kept2 = family(ruleset)
-    print()
-    print("| family random-ltd-gpt2, one compressor | first 1,000 lines kept | whole job kept |")
-    print("|---|---:|---:|")
-    print(f"| job 1 ({FAMILY[0]}) | {head1} ({_pct(head1, HEAD_LINES)}) | {kept1:,} |")
-    print(f"| job 2 ({FAMILY[1]}) | {head2} ({_pct(head2, HEAD_LINES)}) | {kept2:,} |")
-    print(f"job 2 / job 1, first 1,000 lines: {head2 / head1:.2f}x" if head1 else "")
+    for promote in (False, True):
+        head1, head2, kept1, kept2 = family(ruleset, promote)
+        print(f"\npromotion of earlier jobs' templates: {'on' if promote else 'off (default)'}")
+        print(
+            "| family random-ltd-gpt2, one compressor | first 1,000 lines kept | whole job kept |"
+        )
+        print("|---|---:|---:|")
+        print(f"| job 1 ({FAMILY[0]}) | {head1} ({_pct(head1, HEAD_LINES)}) | {kept1:,} |")
+        print(f"| job 2 ({FAMILY[1]}) | {head2} ({_pct(head2, HEAD_LINES)}) | {kept2:,} |")
+        print(f"job 2 / job 1, first 1,000 lines: {head2 / head1:.2f}x" if head1 else "")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from diagnoser.ingest.writer import StreamLocks, StreamWriter
 from diagnoser.llm.breaker import BreakerState, CircuitBreaker
 from diagnoser.llm.cache import VerdictCache
 from diagnoser.llm.client import LlmClient
+from diagnoser.llm.redaction import Redactor
 from diagnoser.observability import LlmCollector, Metrics, MetricsMiddleware, PipelineCollector
 from diagnoser.pipeline import LineCounter, Pipeline
 from diagnoser.reload import RuleReloader
@@ -40,6 +41,7 @@ from diagnoser.store.database import (
 )
 from diagnoser.store.filters import FilterStore
 from diagnoser.store.migrate import head_revision, upgrade
+from diagnoser.templates.log_agent import LogAgent, LogAgentPrompt
 from diagnoser.templates.stage import CompressionStage
 
 FILTER_SYNC_INTERVAL_S = 2.0
@@ -124,6 +126,27 @@ def _llm_stage(
     )
     metrics.registry.register(collector)
     return client, collector
+
+
+def _start_log_agent(
+    background: anyio.abc.TaskGroup,
+    settings: Settings,
+    llm: tuple[LlmClient, LlmCollector] | None,
+    stage: CompressionStage,
+) -> None:
+    """The LLM filter proposer, off the ingest path: a bounded queue, one worker, a sweep of
+    every family's pending templates. Its filters are validated like any other (proposer
+    `llm`) and reach the database with the next filter sync."""
+    if llm is None or not settings.llm.log_agent:
+        return
+    client = llm[0]
+    redactor = Redactor(settings.llm.redact_patterns)
+    prompt = LogAgentPrompt(settings.llm.prompts_dir, redactor=redactor)
+    agent = LogAgent(client, prompt, k=settings.llm.samples, temperature=settings.llm.temperature)
+    background.start_soon(agent.run)
+    background.start_soon(
+        agent.watch, lambda: list(stage.families.values()), settings.llm.log_agent_interval_s
+    )
 
 
 def _connect(
@@ -213,6 +236,7 @@ def create_app(settings: Settings) -> FastAPI:
                 background.start_soon(filter_store.watch, FILTER_SYNC_INTERVAL_S)
                 if flow.escalator is not None:
                     background.start_soon(flow.escalator.run)
+                _start_log_agent(background, settings, llm, compression_stage)
                 try:
                     yield
                 finally:

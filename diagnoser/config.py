@@ -94,6 +94,10 @@ class LlmSettings(BaseModel):
     """How many of the most recent such diagnoses retrieval compares (bounded work per ask)."""
     suggest_after: int = Field(default=3, ge=1, le=1000)
     """Jobs the LLM must have resolved alike before their failure is suggested as a rule."""
+    log_agent: bool = True
+    """Ask the LLM for filters of templates the deterministic proposer could not filter."""
+    log_agent_interval_s: float = Field(default=5.0, gt=0)
+    """How often the Log Agent offers every family's pending templates to its queue."""
 
     @field_validator("base_url")
     @classmethod

@@ -66,6 +66,8 @@ async def job_log(
     texts.update({f.template_id: f.template for f in compressor.filters.filters})
     entries: list[KeptLineOut | RunOut | StormOut] = []
     job = stage.jobs[job_id]
+    if job.filters is not None:
+        texts.update({f.template_id: f.template for f in job.filters.filters})
     tail: list[Entry] = [] if log.full else list(job.pending_runs())
     for e in [*log.entries(texts, compressor.config.storm_min), *tail][:limit]:
         if isinstance(e, KeptLine):

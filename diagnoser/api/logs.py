@@ -218,6 +218,10 @@ async def post_logs(
     warnings: list[str] = []
     try:
         metadata = _metadata_from_headers(request)
+        if "family" in metadata:
+            # Before the batch reaches the compression stage: the family's stored filters
+            # compress the job from its first line (as after `PUT /v1/jobs/{id}`).
+            await resources.filters.prepare(job_id, metadata["family"])
         key = StreamKey(job_id, stream or default_stream_id(node, rank), node, rank)
         if media_type in RAW_TYPES:
             chunks: AsyncIterator[bytes] = request.stream()

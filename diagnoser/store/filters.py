@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from diagnoser.store.database import Sessions
 from diagnoser.store.models import FilterRow, utcnow
-from diagnoser.templates.compressor import Compressor
+from diagnoser.templates.compressor import Compressor, JobCompression, validate_promotion
 from diagnoser.templates.filters import Filter, Proposer
 from diagnoser.templates.stage import CompressionStage
 
@@ -55,6 +55,18 @@ class _FamilyState:
     by_row: dict[int, Filter] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _JobState:
+    """The `job`-scope rows of one job being compressed here, and what they held last pass."""
+
+    job: JobCompression
+    by_row: dict[int, Filter] = field(default_factory=dict)
+    synced: dict[int, _Synced] = field(default_factory=dict)
+
+
+JOB_IDS_PER_QUERY = 500
+
+
 class FilterStore:
     """Keeps the compression stage's filters and the `filters` table in step."""
 
@@ -62,6 +74,7 @@ class FilterStore:
         self.sessions = sessions
         self.stage = stage
         self._families: dict[str, _FamilyState] = {}
+        self._jobs: dict[str, _JobState] = {}
         self._lock = anyio.Lock()
 
     async def watch(self, interval_s: float) -> None:
@@ -74,15 +87,35 @@ class FilterStore:
                 log.exception("filter sync failed; retrying in %.1fs", interval_s)
 
     async def prepare(self, job_id: str, family: str | None) -> None:
-        """Before a job's first line: name its family and load the family's stored filters."""
+        """Before a job's first line: name its family, load the family's stored filters and
+        the job's own (`job` scope), promote what earlier jobs of the family taught. Nothing to
+        do (no database work) once the job is being compressed here."""
+        if job_id in self.stage.jobs:
+            return
         if family:
             self.stage.set_family(job_id, family)
         name = self.stage.family(job_id)
-        if name not in self.stage.families:
-            self.stage.compressor(name)
-            await self.sync([name])
+        known = name in self.stage.families
+        self.stage.open(job_id)
+        if known:
+            await self.promote(name)
+        await self.sync([name])
+
+    async def promote(self, family: str) -> int:
+        """A new job of a known family: the templates its earlier jobs left unfiltered become
+        filters, validated in a thread against a snapshot (the ingest loop never waits)."""
+        compressor = self.stage.families.get(family)
+        if compressor is None or not compressor.config.promote:
+            return 0
+        work, snapshot = compressor.promotion()
+        if not work:
+            return 0
+        found, rejected = await anyio.to_thread.run_sync(validate_promotion, work, snapshot)
+        return compressor.finish_promotion(found, snapshot, rejected)
 
     async def sync(self, only: Sequence[str] | None = None) -> None:
+        while self.stage.to_promote:
+            await self.promote(self.stage.to_promote.pop())
         async with self._lock:
             names = list(only) if only is not None else list(self.stage.families)
             for stale in set(self._families) - set(self.stage.families):
@@ -92,6 +125,50 @@ class FilterStore:
                     compressor = self.stage.families.get(name)
                     if compressor is not None:
                         await self._sync_family(session, name, compressor)
+                await self._sync_jobs(session, None if only is None else set(names))
+
+    async def _sync_jobs(self, session: AsyncSession, families: set[str] | None) -> None:
+        """`job`-scope rows: each applies to its own job only (its `JobCompression.filters`)."""
+        for stale in set(self._jobs) - set(self.stage.jobs):
+            del self._jobs[stale]
+        job_ids = [
+            j for j in self.stage.jobs if families is None or self.stage.family(j) in families
+        ]
+        now = utcnow()
+        for start in range(0, len(job_ids), JOB_IDS_PER_QUERY):
+            chunk = job_ids[start : start + JOB_IDS_PER_QUERY]
+            rows = await session.scalars(
+                select(FilterRow).where(FilterRow.scope == Scope.JOB, FilterRow.job_id.in_(chunk))
+            )
+            for row in rows:
+                job = self.stage.jobs.get(row.job_id or "")
+                if job is None:
+                    continue
+                state = self._jobs.get(row.job_id or "")
+                if state is None or state.job is not job:
+                    state = self._jobs[row.job_id or ""] = _JobState(job)
+                f = state.by_row.get(row.id)
+                if f is None:
+                    f = state.by_row[row.id] = job.job_filters().adopt(_filter_of(row))
+                    state.synced[row.id] = _Synced(row.id, f.enabled, 0)
+                    continue
+                known = state.synced[row.id]
+                own = job.job_filters()
+                if f.enabled != known.enabled:  # changed here (the guard): the row follows
+                    if f.enabled:
+                        row.enabled, row.disabled_reason = True, None
+                        row.version += 1
+                    else:
+                        _disable_row(row, f.disabled_reason)
+                elif row.enabled != f.enabled:  # changed in the database: this job follows
+                    if row.enabled:
+                        own.enable(f)
+                    else:
+                        own.disable(f, 0, "", row.disabled_reason or DISABLED_BY_API)
+                if f.hits > known.hits:
+                    row.hits += f.hits - known.hits
+                    row.last_hit_at = now
+                known.enabled, known.hits = f.enabled, f.hits
 
     def _state(self, family: str, compressor: Compressor) -> _FamilyState:
         state = self._families.get(family)
@@ -165,6 +242,15 @@ class FilterStore:
                     else:
                         state.compressor.filters.disable(f, 0, "", DISABLED_BY_API)
                     state.by_filter[f.id].enabled = f.enabled
+            for job_state in self._jobs.values():
+                f = job_state.by_row.get(row_id)
+                if f is not None and f.enabled != enabled:
+                    own = job_state.job.job_filters()
+                    if enabled:
+                        own.enable(f)
+                    else:
+                        own.disable(f, 0, "", DISABLED_BY_API)
+                    job_state.synced[row_id].enabled = f.enabled
 
 
 def _apply(c: Compressor, f: Filter, row: FilterRow) -> None:

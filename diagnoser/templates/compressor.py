@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import regex
 
 from diagnoser.rules.ruleset import RuleSet
-from diagnoser.templates.filters import Filter, FilterSet
+from diagnoser.templates.filters import Filter, FilterSet, Proposer, Rejection, candidates
 from diagnoser.templates.guard import Guard, GuardReason, GuardState
 from diagnoser.templates.miner import MinerConfig, TemplateMiner
 from diagnoser.templates.model import TemplateView
@@ -50,6 +50,14 @@ class CompressorConfig:
     signals: SignalConfig = field(default_factory=SignalConfig)
     read_signals: bool = True
     """Read step, loss, lr, grad norm and throughput from progress lines (filtered or kept)."""
+    promote: bool = False
+    """When a new job of the family starts, propose filters for the templates earlier jobs
+    left unfiltered (seen fewer than `min_count` times): for the new job they are not novel.
+    Off by default: with the promoted filters in one hyperscan database, hyperscan 0.9.1 was
+    seen to miss some fullmatches of other filters (lines kept, never dropped, but compression
+    lost; see docs/compression.md)."""
+    promote_max: int = 1000
+    """Templates tried per promotion (most frequent first)."""
     engine: str = "auto"
     """Matcher and guard engine: "hyperscan", "regex" or "auto"."""
     miner: MinerConfig = field(default_factory=MinerConfig)
@@ -193,10 +201,78 @@ class Compressor:
         self._extractors: dict[int, Extractor | None] = {}
         self.lines_in = 0
         """Lines fed across every job of the family (the miner's line numbers)."""
+        self.jobs_started = 0
+        self._promoted: dict[int, str] = {}
+        """Template id -> the text a promotion last tried (tried once per text)."""
 
-    def job(self, *, record: bool = False, max_entries: int | None = None) -> JobCompression:
-        """Start compressing a new job of this family (its own line numbers, log, signals)."""
+    def job(
+        self,
+        *,
+        record: bool = False,
+        max_entries: int | None = None,
+        promote: bool | None = None,
+    ) -> JobCompression:
+        """Start compressing a new job of this family (its own line numbers, log, signals).
+
+        From the second job on, the templates earlier jobs taught are promoted to filters
+        first (`CompressorConfig.promote`; `promote=False` leaves it to the caller, as the
+        service does off the ingest path with `promotion` and `finish_promotion`)."""
+        if self.jobs_started and (self.config.promote if promote is None else promote):
+            self.promote()
+        self.jobs_started += 1
         return JobCompression(self, record=record, max_entries=max_entries)
+
+    def promotion(self) -> tuple[list[tuple[TemplateView, list[str]]], Validator]:
+        """What a promotion validates: unfiltered clean templates with their deterministic
+        candidates, and a snapshot validator (safe to run in a thread)."""
+        covered = self.filters.by_template()
+        work: list[tuple[TemplateView, list[str]]] = []
+        for view in self.miner.templates():
+            if len(work) >= self.config.promote_max:
+                break
+            if view.id in covered or view.id in self.tainted:
+                continue
+            if self._promoted.get(view.id) == view.text:
+                continue
+            self._promoted[view.id] = view.text
+            if self.guard.single([view.text, *view.samples]):
+                self.tainted.add(view.id)
+                continue
+            work.append((view, candidates(view)))
+        snapshot = Validator(self.validator.corpus, timeout=self.validator.timeout)
+        return work, snapshot
+
+    def finish_promotion(
+        self,
+        found: Sequence[tuple[TemplateView, str]],
+        snapshot: Validator,
+        rejected: Sequence[Rejection] = (),
+    ) -> int:
+        """Add the promoted filters validated against `snapshot`; a failure line remembered
+        since then, or a template merged, evicted or filtered meanwhile, drops the candidate."""
+        records = self.filters.rejections
+        records.extend(rejected)
+        del records[: -FilterSet.MAX_RECORDS]
+        known = set(snapshot.corpus)
+        fresh = [line for line in self.validator.corpus if line not in known]
+        added = 0
+        for view, pattern in found:
+            live = self.miner.get(view.id)
+            if live is None or live.id != view.id or view.id in self.filters.by_template():
+                continue
+            if view.id in self.tainted:
+                continue
+            if fresh and Validator(fresh).check(pattern, view.samples) is not None:
+                continue
+            self.filters.add_checked(view, pattern, line_no=self.lines_in)
+            added += 1
+        return added
+
+    def promote(self) -> int:
+        """Promote now (in the caller's thread); how many filters were added."""
+        work, snapshot = self.promotion()
+        found, rejected = validate_promotion(work, snapshot)
+        return self.finish_promotion(found, snapshot, rejected)
 
     def templates(self) -> list[TemplateView]:
         return self.miner.templates()
@@ -229,8 +305,13 @@ class Compressor:
         if template_id in self.tainted:
             return
         view = self.miner.get(template_id)
-        if view is None or view.id != template_id or view.id in self.filters.by_template():
+        if view is None or view.id != template_id:
             return
+        known = self.filters.by_template().get(view.id)
+        if known is not None and (known.template == view.text or not known.enabled):
+            return
+        # New, or its template widened since the filter was made (a slot that took another
+        # type): the old filter no longer takes these lines, so the widened one is proposed.
         if self.guard.single([view.text, *view.samples]):
             self.tainted.add(template_id)
             return
@@ -250,6 +331,37 @@ class JobCompression:
         self._pending: Counter[int] = Counter()
         self._pending_first: dict[int, int] = {}
         self._warm_up = True
+        self.filters: FilterSet | None = None
+        """Filters of this job alone (`job`-scope rows), tried on what the family's left."""
+
+    def job_filters(self) -> FilterSet:
+        """This job's own filter set, created on first use."""
+        if self.filters is None:
+            self.filters = FilterSet(engine=self.compressor.config.engine)
+        return self.filters
+
+    def _texts(self) -> dict[int, str]:
+        texts = {f.template_id: f.template for f in self.compressor.filters.filters}
+        if self.filters is not None:
+            texts.update({f.template_id: f.template for f in self.filters.filters})
+        return texts
+
+    def _match(self, lines: Sequence[str]) -> tuple[list[int | None], list[Filter]]:
+        """The family's filters, then this job's own on the lines they left."""
+        idx, active = self.compressor.filters.match_indexes(lines)
+        own = self.filters
+        if own is None or not own.filters or None not in idx:
+            return idx, active
+        missed = [i for i, x in enumerate(idx) if x is None]
+        found, own_active = own.match_indexes([lines[i] for i in missed])
+        if all(x is None for x in found):
+            return idx, active
+        base = len(active)
+        idx = list(idx)
+        for i, x in zip(missed, found, strict=True):
+            if x is not None:
+                idx[i] = base + x
+        return idx, [*active, *own_active]
 
     def feed(
         self,
@@ -280,23 +392,56 @@ class JobCompression:
         ranks: Sequence[int | None] | None,
         node: str | None,
     ) -> list[int]:
+        """Guard the chunk once, then filter it; when a kept line teaches a new filter, the
+        new filter is tried on the rest of the chunk's unmatched lines (the others' matches
+        stand), so it applies from the very next line."""
+        c = self.compressor
+        state = self._state.setdefault(stream, GuardState())
+        guarded = c.guard.scan(lines, state, ranks)
+        kept: list[int] = []
+        start = 0
+        matched: tuple[list[int | None], list[Filter]] | None = None
+        while start < len(lines):
+            if start:
+                part = lines[start:]
+                shifted = {i - start: r for i, r in guarded.items() if i >= start}
+                found, used, matched = self._part(
+                    part, shifted, ranks[start:] if ranks is not None else None, node, matched
+                )
+            else:
+                found, used, matched = self._part(lines, guarded, ranks, node, None)
+            kept.extend(start + i for i in found)
+            start += used
+        return kept
+
+    def _part(
+        self,
+        lines: Sequence[str],
+        guarded: dict[int, GuardReason],
+        ranks: Sequence[int | None] | None,
+        node: str | None,
+        matched: tuple[list[int | None], list[Filter]] | None,
+    ) -> tuple[list[int], int, tuple[list[int | None], list[Filter]] | None]:
+        """Filter and keep lines until one teaches a filter; return kept indexes, lines used."""
         c = self.compressor
         log = self.log
         first = log.lines_in + 1
-        log.lines_in += len(lines)
-        c.lines_in += len(lines)
-        state = self._state.setdefault(stream, GuardState())
-        guarded = c.guard.scan(lines, state, ranks)
-        idx, active = c.filters.match_indexes(lines)
+        base = c.lines_in
+        idx, active = self._match(lines) if matched is None else matched
 
         idx = self._enforce(lines, guarded, idx, active, first)
         kept = [i for i, x in enumerate(idx) if x is None] if None in idx else []
 
         tids = log.template_ids
+        tids_before = 0
         if tids is not None:
+            tids_before = len(tids)
             tids.extend(-1 if x is None else active[x].template_id for x in idx)
 
+        used = len(lines)
+        filters_before = len(c.filters.filters)
         prev = 0
+        done: list[int] = []
         progress_kept: list[int] = []
         hits: Counter[int | None] = Counter()
         for i in kept:
@@ -305,17 +450,30 @@ class JobCompression:
             prev = i + 1
             self._flush_runs()
             rank = ranks[i] if ranks is not None else None
-            tid = self._keep(
-                lines[i], first + i, guarded.get(i), rank, node, c.lines_in - len(lines) + i + 1
-            )
+            tid = self._keep(lines[i], first + i, guarded.get(i), rank, node, base + i + 1)
+            done.append(i)
             if c._is_progress(tid):
                 progress_kept.append(i)
-        if prev < len(lines):
-            hits += self._gap(idx, active, prev, len(lines), first)
-        self._count(hits, active, first + len(lines) - 1)
+            if len(c.filters.filters) != filters_before and i + 1 < len(lines):
+                used = i + 1
+                break
+        if prev < used:
+            hits += self._gap(idx, active, prev, used, first)
+        rest: tuple[list[int | None], list[Filter]] | None = None
+        if used < len(lines):
+            if tids is not None:
+                del tids[tids_before + used :]
+            rest = _with_new_filters(
+                lines[used:], idx[used:], active, c.filters.filters[filters_before:]
+            )
+            idx = idx[:used]
+            lines = lines[:used]
+        log.lines_in += used
+        c.lines_in += used
+        self._count(hits, active, first + used - 1)
         if c.config.read_signals:
             self._signals(lines, idx, active, first, progress_kept)
-        return kept
+        return done, used, rest
 
     def _enforce(
         self,
@@ -333,7 +491,10 @@ class JobCompression:
             if x is not None:
                 f = active[x]
                 reason_text = f"matched a guarded line ({reason.value})"
-                self.compressor.filters.disable(f, first + i, lines[i], reason_text)
+                own = self.filters
+                mine = own is not None and any(f is g for g in own.filters)
+                owner = own if own is not None and mine else self.compressor.filters
+                owner.disable(f, first + i, lines[i], reason_text)
                 broken.add(x)
         return [None if x in broken else x for x in idx] if broken else idx
 
@@ -375,7 +536,7 @@ class JobCompression:
 
     def pending_runs(self) -> list[Run]:
         """The filtered runs since the last kept line (still open: a live job's log tail)."""
-        texts = {f.template_id: f.template for f in self.compressor.filters.filters}
+        texts = self._texts()
         return [
             Run(tid, texts.get(tid, ""), n, self._pending_first[tid])
             for tid, n in self._pending.items()
@@ -409,7 +570,7 @@ class JobCompression:
             self._pending.clear()
             self._pending_first.clear()
             return
-        texts = {f.template_id: f.template for f in self.compressor.filters.filters}
+        texts = self._texts()
         for tid, n in self._pending.items():
             log._order.append((1, len(log.runs)))
             log.runs.append(Run(tid, texts.get(tid, ""), n, self._pending_first[tid]))
@@ -451,6 +612,52 @@ class JobCompression:
                     signals.record(values, line_no)
                     continue
             signals.observe(lines[i], line_no)
+
+
+def _with_new_filters(
+    lines: Sequence[str], idx: list[int | None], active: list[Filter], new: Sequence[Filter]
+) -> tuple[list[int | None], list[Filter]]:
+    """The matches of the rest of a chunk with the filters just learned added: each is tried
+    (its own `regex` fullmatch, same language as the matcher's) on the lines nothing matched."""
+    added = [f for f in new if f.enabled]
+    if not added or None not in idx:
+        return idx, active
+    compiled = [regex.compile(f.pattern) for f in added]
+    base = len(active)
+    out = list(idx)
+    for i, x in enumerate(idx):
+        if x is None:
+            line = lines[i]
+            for k, pattern in enumerate(compiled):
+                try:
+                    hit = pattern.fullmatch(line, timeout=MATCH_TIMEOUT_S)
+                except TimeoutError:
+                    hit = None  # kept, never wrongly dropped
+                if hit is not None:
+                    out[i] = base + k
+                    break
+    return out, [*active, *added]
+
+
+MATCH_TIMEOUT_S = 0.05
+"""Per line and filter on that path (validated filters finish far sooner)."""
+
+
+def validate_promotion(
+    work: Sequence[tuple[TemplateView, list[str]]], validator: Validator
+) -> tuple[list[tuple[TemplateView, str]], list[Rejection]]:
+    """The first valid candidate of each template, and the rejected ones (pure: a thread may
+    run it against a snapshot validator)."""
+    found: list[tuple[TemplateView, str]] = []
+    rejected: list[Rejection] = []
+    for view, patterns in work:
+        for pattern in patterns:
+            reason = validator.check(pattern, view.samples)
+            if reason is None:
+                found.append((view, pattern))
+                break
+            rejected.append(Rejection(view.id, pattern, Proposer.DETERMINISTIC, reason))
+    return found, rejected
 
 
 def _origin(line: str, rank: int | None, node: str | None) -> tuple[int | None, str | None]:

@@ -41,6 +41,11 @@ SLOT_PATTERNS: dict[Slot, str] = {
 Each is unambiguous (no nested or overlapping repeats), so a filter runs in linear time, and
 digit-blind (no digit is special: `0x` is not spelled with a literal 0), which makes the
 skeleton cache exact (see `FilterSet`)."""
+NUMBER = r"[-+]?[0-9]+(?:\.[0-9]+)?"
+"""What an `<int>` slot of a proposed filter accepts: an integer or a decimal, so a filter
+learned while a value was an integer still matches when it turns float (DeepSpeed's
+`loss scale from 65536` becomes `from 32768.0`). Not where a `.`, a digit or an exponent letter
+touches the slot (`<int>.<int>` versions, `<int>e`): those stay integers."""
 _SLOT_MARK = regex.compile(r"<(" + "|".join(re.escape(s.value) for s in Slot) + r")>")
 _BLANK = regex.compile(r"[ \t]+")
 
@@ -110,12 +115,20 @@ def propose(template: TemplateView, *, loose: bool = False) -> str:
     text = template.text
     for m in _SLOT_MARK.finditer(text):
         out.append(escape(text[pos : m.start()]))
-        slot = SLOT_PATTERNS[Slot(m.group(1))]
+        slot = _slot_pattern(Slot(m.group(1)), text[m.start() - 1 : m.start()], text[m.end() :])
         out.append(f"[ \\t]*(?:{slot})[ \\t]*" if loose else f"(?:{slot})")
         pos = m.end()
     out.append(escape(text[pos:]))
     body = _MERGE_BLANKS.sub(_merged, f"^[ \\t]*{''.join(out)}[ \\t]*$")
     return body
+
+
+def _slot_pattern(slot: Slot, before: str, after: str) -> str:
+    """A slot's class in a filter: `<int>` widened to a number where nothing can glue to it."""
+    glued = before == "." or after.startswith((".", "e", "E", "<")) or after[:1].isdigit()
+    if slot is Slot.INT and not glued:
+        return NUMBER
+    return SLOT_PATTERNS[slot]
 
 
 _MERGE_BLANKS = regex.compile(r"(?:\[ \\t\][*+]){2,}")
@@ -201,6 +214,18 @@ class FilterSet:
         if reason is not None:
             self._record(self.rejections, Rejection(template.id, pattern, proposer, reason))
             return None
+        return self.add_checked(template, pattern, proposer=proposer, line_no=line_no, names=names)
+
+    def add_checked(
+        self,
+        template: TemplateView,
+        pattern: str,
+        *,
+        proposer: Proposer = Proposer.DETERMINISTIC,
+        line_no: int = 0,
+        names: tuple[str, ...] = (),
+    ) -> Filter:
+        """Add a pattern the caller has just validated (in a thread, against a snapshot)."""
         new = Filter(
             id=max((f.id for f in self.filters), default=0) + 1,
             template_id=template.id,

@@ -74,6 +74,8 @@ class FilterOut(BaseModel):
     template: str
     pattern: str
     proposer: str
+    names: list[str]
+    """Names of the pattern's numeric slots, in group order, when the LLM proposer gave them."""
     hits: int
     enabled: bool
     disabled_reason: str | None

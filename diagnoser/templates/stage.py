@@ -47,12 +47,17 @@ class CompressionStage:
         self.families: OrderedDict[str, Compressor] = OrderedDict()
         self.jobs: OrderedDict[str, JobCompression] = OrderedDict()
         self._family_of_job: dict[str, str] = {}
+        self.to_promote: set[str] = set()
+        """Families a new job started in: their earlier jobs' templates are promoted to
+        filters off the ingest path (`FilterStore`), not in `process`."""
         self.lines_in = 0
         self.lines_kept = 0
 
     def set_family(self, job_id: str, family: str) -> None:
-        """Name a job's family (from `PUT /v1/jobs/{id}`) before its first batch."""
-        self._family_of_job[job_id] = family
+        """Name a job's family (`PUT /v1/jobs/{id}`, `X-Diagnoser-Job-Family`) before its
+        first batch; once the job is being compressed its family stays the one it started in."""
+        if job_id not in self.jobs:
+            self._family_of_job[job_id] = family
 
     def family(self, job_id: str) -> str:
         return self._family_of_job.get(job_id) or family_of(job_id)
@@ -67,11 +72,18 @@ class CompressionStage:
             self.families.move_to_end(family)
         return found
 
+    def open(self, job_id: str) -> JobCompression:
+        """The job's compression, started now if it is new (before its first batch)."""
+        return self._job(job_id)
+
     def _job(self, job_id: str) -> JobCompression:
         job = self.jobs.get(job_id)
         if job is None:
-            compressor = self.compressor(self.family(job_id))
-            job = self.jobs[job_id] = compressor.job(max_entries=self.max_entries)
+            family = self.family(job_id)
+            compressor = self.compressor(family)
+            if compressor.jobs_started and compressor.config.promote:
+                self.to_promote.add(family)
+            job = self.jobs[job_id] = compressor.job(max_entries=self.max_entries, promote=False)
             while len(self.jobs) > self.max_jobs:
                 evicted, _ = self.jobs.popitem(last=False)
                 self._family_of_job.pop(evicted, None)

@@ -13,8 +13,10 @@ from diagnoser.templates.compressor import (
     KeptLine,
     Run,
     Storm,
+    validate_promotion,
 )
 from diagnoser.templates.family import family_of
+from diagnoser.templates.filters import Filter, Proposer
 from diagnoser.templates.signals import SignalKind
 from tests.templates.corpus import pack
 
@@ -142,3 +144,106 @@ def test_family_is_the_job_name_without_run_numbers_dates_and_hashes() -> None:
     assert family_of("llama-7b-pretrain-run42-2024-05-01") == "llama-7b-pretrain"
     assert family_of("gpt-neox_20240501_3f9a2c1.log") == "gpt-neox"
     assert family_of("bert-large-17") == "bert-large"
+
+
+def loss_scale_lines(n: int) -> list[str]:
+    """DeepSpeed's fp16 loss scaler: the scale starts as an integer, then turns float."""
+    out: list[str] = []
+    scale = 65536.0
+    for i in range(n):
+        shown = f"{int(scale)}" if i < 10 else f"{scale:.1f}"
+        out.append(
+            f"[2023-04-18 03:36:{i % 60:02d},502] [INFO] [fused_optimizer.py:363:_update_scale] "
+            f"Reducing dynamic loss scale from {shown} to {scale / 2:.1f}"
+        )
+        scale = max(scale / 2, 1.0) if i % 3 == 0 else scale
+    return out
+
+
+def test_a_filter_learned_on_an_integer_still_matches_when_the_value_turns_float() -> None:
+    compressor = Compressor(pack())
+    lines = loss_scale_lines(200)
+    log = run(compressor.job(), lines, batch=4096)
+    late = [k.line_no for k in log.kept if k.line_no > 20]
+    assert late == [], [lines[n - 1] for n in late[:3]]
+    assert compressor.filters.enabled
+
+
+def test_a_filter_applies_from_the_next_line_inside_one_big_batch() -> None:
+    """A short file is one batch: a template first seen mid-batch is filtered after
+    `min_count` lines, not at the next batch."""
+    compressor = Compressor(pack())
+    chatter = [f"> loading shard number {i} from the object store" for i in range(60)]
+    steps = [
+        f"step={i} loss={2.0 + i / 1000:.4f} lr=3.0e-04 tokens/s={9000 + i}" for i in range(900)
+    ]
+    lines = chatter + steps
+    log = run(compressor.job(), lines, batch=4096)
+    kept_steps = [k for k in log.kept if k.text.startswith("step=")]
+    assert len(kept_steps) <= compressor.config.min_count, len(kept_steps)
+    assert log.lines_in == len(lines)
+    entries = log.entries({t.id: t.text for t in compressor.templates()})
+    runs = [e for e in entries if isinstance(e, Run)]
+    assert sum(r.count for r in runs) + log.lines_kept == len(lines)
+
+
+def test_a_widened_template_gets_a_filter_for_its_new_form() -> None:
+    compressor = Compressor(pack())
+    first = [f"worker pool ready with slots {i} and queue depth {i * 2}" for i in range(20)]
+    later = [f"worker pool ready with slots w{i}x and queue depth {i * 2}" for i in range(200)]
+    job = compressor.job()
+    run(job, first + later, batch=4096)
+    kept_late = [k for k in job.log.kept if k.line_no > 60]
+    assert kept_late == [], kept_late[:3]
+
+
+def test_job_filters_apply_to_their_job_only_and_the_guard_still_wins() -> None:
+    compressor = Compressor(pack())
+    lines = [f"heartbeat from agent {i} at tick {i * 7}" for i in range(5)]
+    own = compressor.job()
+    other = compressor.job()
+    own.job_filters().adopt(
+        Filter(
+            0,
+            -1,
+            "heartbeat from agent <int> at tick <int>",
+            r"^heartbeat from agent [0-9]+ at tick [0-9]+$",
+            Proposer.HUMAN,
+        )
+    )
+    assert own.feed(lines) == []
+    assert other.feed(lines) == list(range(5))
+    hostile = own.job_filters()
+    hostile.adopt(Filter(0, -2, "<*>", r"^[^\n]*error[^\n]*$", Proposer.HUMAN))
+    failure = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert own.feed([failure, *lines]) == [0]
+    assert not hostile.filters[1].enabled
+    assert "guarded" in (hostile.filters[1].disabled_reason or "")
+
+
+def config_dump(seed: int) -> list[str]:
+    """A start-up dump: one line per setting, each its own template, printed once per job."""
+    names = [f"option_{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(300)]
+    return [f"[config] {name} ....... {seed * 7 + i}" for i, name in enumerate(names)]
+
+
+def test_a_second_job_does_not_keep_the_start_up_lines_the_first_one_taught() -> None:
+    compressor = Compressor(pack(), CompressorConfig(promote=True))
+    failure = "[config] option_zz ....... RuntimeError: CUDA error: out of memory"
+    first = run(compressor.job(), config_dump(1), batch=4096)
+    second = run(compressor.job(), [*config_dump(2), failure], batch=4096)
+    assert first.lines_kept == 300, "each setting is new to the first job"
+    assert second.lines_kept * 3 <= first.lines_kept, second.lines_kept
+    assert [k.text for k in second.kept if k.guarded is not None] == [failure]
+
+
+def test_promotion_can_be_left_to_the_caller() -> None:
+    compressor = Compressor(pack(), CompressorConfig(promote=True))
+    run(compressor.job(), config_dump(1), batch=4096)
+    job = compressor.job(promote=False)
+    assert len(job.feed(config_dump(2))) == 300
+    work, snapshot = compressor.promotion()
+    assert work
+    found, _ = validate_promotion(work, snapshot)
+    assert compressor.finish_promotion(found, snapshot) == len(found) > 250
+    assert compressor.promotion()[0] == [], "each template is tried once"
