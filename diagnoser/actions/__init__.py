@@ -1,0 +1,1 @@
+"""Recovery actions: the operator wire contract, plans and the (pure) policy."""
