@@ -16,7 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from uvicorn.config import LOGGING_CONFIG
 
 from diagnoser import __version__
-from diagnoser.api import compression, diagnoses, errors, health, jobs, logs, nodes, rules
+from diagnoser.actions.policy import PolicyConfig
+from diagnoser.actions.publisher import ActionPublisher, ActionWake
+from diagnoser.api import actions, compression, diagnoses, errors, health, jobs, logs, nodes, rules
 from diagnoser.api.deps import Resources
 from diagnoser.config import Settings
 from diagnoser.diagnosis.escalation import AGREEMENT_BUCKETS, Escalator
@@ -126,6 +128,14 @@ def _llm_stage(
     return client, collector
 
 
+def _action_wake(settings: Settings, flow: DiagnosisFlow) -> ActionWake:
+    """The flow judges plans by the configured policy and wakes claimers after its commits."""
+    wake = ActionWake()
+    flow.action_policy = PolicyConfig.from_settings(settings.actions, settings.llm.min_agreement)
+    flow.actions_changed = wake.notify
+    return wake
+
+
 def _connect(
     settings: Settings, database: DatabaseUrl
 ) -> tuple[AsyncEngine, Redis | None, Sessions]:
@@ -175,6 +185,7 @@ def create_app(settings: Settings) -> FastAPI:
         hub = DiagnosisHub()
         metrics.diagnosis_watchers.set_function(lambda: hub.watchers)
         flow = DiagnosisFlow(sessions, stage, hub)
+        action_wake = _action_wake(settings, flow)
         writer = StreamWriter(
             sessions,
             pipeline,
@@ -201,6 +212,7 @@ def create_app(settings: Settings) -> FastAPI:
             flow=flow,
             compression=compression_stage,
             filters=filter_store,
+            action_wake=action_wake,
         )
         stop_watching = anyio.Event()
         try:
@@ -213,6 +225,9 @@ def create_app(settings: Settings) -> FastAPI:
                 background.start_soon(filter_store.watch, FILTER_SYNC_INTERVAL_S)
                 if flow.escalator is not None:
                     background.start_soon(flow.escalator.run)
+                if redis is not None:
+                    publisher = ActionPublisher(sessions, redis, action_wake)
+                    background.start_soon(publisher.run, settings.actions.poll_interval_s)
                 try:
                     yield
                 finally:
@@ -236,6 +251,6 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     errors.install(app)
-    for module in (health, logs, jobs, compression, rules, diagnoses, nodes):
+    for module in (health, logs, jobs, compression, rules, diagnoses, nodes, actions):
         app.include_router(module.router)
     return app

@@ -107,7 +107,7 @@ def restart(facts: DiagnosisFacts, after: Sequence[str] = ()) -> PlannedAction:
     kind = facts.workload_kind if facts.workload_kind in WORKLOAD_KINDS else None
     target = RestartTarget(
         namespace=facts.namespace,
-        workload_kind=kind,  # type: ignore[arg-type]
+        workload_kind=kind,
         name=facts.workload_name,
         resume_from_step=facts.checkpoint_step,
     )
@@ -185,7 +185,7 @@ def uncordon(facts: DiagnosisFacts, node: str, undo_of: int, why: str) -> Planne
 
 def plan(facts: DiagnosisFacts, verify_failure_types: Sequence[str] = ()) -> list[PlannedAction]:
     """The ordered plan for a diagnosis's recommended action; empty for `none`."""
-    if facts.action == "cordon_node_and_restart" or facts.action == "restart_job":
+    if facts.action in ("cordon_node_and_restart", "restart_job"):
         if facts.culprit_nodes and facts.action == "cordon_node_and_restart":
             cordons = [cordon(facts, node) for node in dict.fromkeys(facts.culprit_nodes)]
             return [*cordons, restart(facts, [c.key for c in cordons])]

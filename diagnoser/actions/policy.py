@@ -169,13 +169,13 @@ def evaluate(
         opted = nodes & (config.opt_out_nodes | history.opted_out_nodes)
         if opted and action.kind is ActionKind.CORDON_NODE:
             return Verdict(Rule.OPT_OUT, f"node {', '.join(sorted(opted))} opted out")
-    if action.kind in NODE_KINDS:
-        if action.source == "llm" and action.confidence < config.min_agreement:
-            return Verdict(
-                Rule.LOW_AGREEMENT,
-                f"LLM agreement {action.confidence:.2f} below {config.min_agreement:.2f}: "
-                "no node action on its word",
-            )
+    low = action.source == "llm" and action.confidence < config.min_agreement
+    if action.kind in NODE_KINDS and low:
+        return Verdict(
+            Rule.LOW_AGREEMENT,
+            f"LLM agreement {action.confidence:.2f} below {config.min_agreement:.2f}: "
+            "no node action on its word",
+        )
     verdict = _dedupe(action, history, config, now)
     if verdict is not None:
         return verdict

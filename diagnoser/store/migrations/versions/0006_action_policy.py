@@ -107,9 +107,7 @@ def upgrade() -> None:
     for row in rows:
         values = _legacy(row, now)
         connection.execute(
-            actions.update()
-            .where(actions.c.id == values.pop("id"))
-            .values(**values)
+            actions.update().where(actions.c.id == values.pop("id")).values(**values)
         )
 
     with op.batch_alter_table("actions", schema=None) as batch_op:
