@@ -128,12 +128,20 @@ def _llm_stage(
     return client, collector
 
 
-def _action_wake(settings: Settings, flow: DiagnosisFlow) -> ActionWake:
-    """The flow judges plans by the configured policy and wakes claimers after its commits."""
+def _flow(
+    settings: Settings,
+    sessions: Sessions,
+    stage: DiagnosisStage,
+    hub: DiagnosisHub,
+    redis: Redis | None,
+) -> tuple[DiagnosisFlow, ActionPublisher]:
+    """The flow judges plans by the configured action policy and wakes claimers after its
+    commits; the publisher relays released actions to Redis."""
+    flow = DiagnosisFlow(sessions, stage, hub)
     wake = ActionWake()
     flow.action_policy = PolicyConfig.from_settings(settings.actions, settings.llm.min_agreement)
     flow.actions_changed = wake.notify
-    return wake
+    return flow, ActionPublisher(sessions, redis, wake)
 
 
 def _connect(
@@ -184,8 +192,7 @@ def create_app(settings: Settings) -> FastAPI:
         filter_store = FilterStore(sessions, compression_stage)
         hub = DiagnosisHub()
         metrics.diagnosis_watchers.set_function(lambda: hub.watchers)
-        flow = DiagnosisFlow(sessions, stage, hub)
-        action_wake = _action_wake(settings, flow)
+        flow, publisher = _flow(settings, sessions, stage, hub, redis)
         writer = StreamWriter(
             sessions,
             pipeline,
@@ -212,7 +219,7 @@ def create_app(settings: Settings) -> FastAPI:
             flow=flow,
             compression=compression_stage,
             filters=filter_store,
-            action_wake=action_wake,
+            action_wake=publisher.wake,
         )
         stop_watching = anyio.Event()
         try:
@@ -225,9 +232,7 @@ def create_app(settings: Settings) -> FastAPI:
                 background.start_soon(filter_store.watch, FILTER_SYNC_INTERVAL_S)
                 if flow.escalator is not None:
                     background.start_soon(flow.escalator.run)
-                if redis is not None:
-                    publisher = ActionPublisher(sessions, redis, action_wake)
-                    background.start_soon(publisher.run, settings.actions.poll_interval_s)
+                background.start_soon(publisher.run, settings.actions.poll_interval_s)
                 try:
                     yield
                 finally:
