@@ -155,7 +155,8 @@ class ActionSettings(BaseModel):
     cooldown_s: float = Field(default=6 * 3600.0, ge=0)
     """A node cordoned (or uncordoned after feedback) is not cordoned again for this long."""
     dedupe_window_s: float = Field(default=600.0, ge=0)
-    """One cordon per node and one restart per job within this window."""
+    """A cordon of a node done within this window makes a new one a duplicate (an open
+    cordon or restart always does)."""
     restart_budget: int = Field(default=3, ge=0)
     """Restarts per job per hour; past it the plan pages on-call instead of restarting."""
     restart_backoff_s: float = Field(default=60.0, ge=0)

@@ -222,7 +222,8 @@ def evaluate(
             )
         if done:
             wait = config.restart_backoff * 2 ** (len(done) - 1)
-            not_before = max(now, done[-1].created_at + wait)
+            due = done[-1].created_at + wait
+            not_before = due if due > now else None
     if config.dry_run:
         return Verdict(Rule.DRY_RUN, "dry-run: recorded, not released", not_before)
     return Verdict(Rule.RELEASED, "allowed by the policy", not_before)
@@ -231,8 +232,8 @@ def evaluate(
 def _dedupe(
     action: PlannedAction, history: History, config: PolicyConfig, now: datetime
 ) -> Verdict | None:
-    """The same node or job already has this kind of action pending or claimed, or done
-    within the dedupe window."""
+    """The node or job already has this kind of action pending or claimed (or, for a cordon,
+    done within the dedupe window)."""
     if action.kind not in (ActionKind.CORDON_NODE, ActionKind.RESTART_JOB):
         return None
     since = now - config.dedupe_window
@@ -245,7 +246,12 @@ def _dedupe(
             else past.job_id == action.job_id
         )
         open_ = past.state in (ActionState.PENDING, ActionState.CLAIMED)
-        recent = past.state is ActionState.DONE and past.created_at >= since
+        # A done restart is a new attempt: its next failure is budgeted, not a duplicate.
+        recent = (
+            action.kind is ActionKind.CORDON_NODE
+            and past.state is ActionState.DONE
+            and past.created_at >= since
+        )
         if same and (open_ or recent):
             what = f"node {action.node}" if action.node else f"job {action.job_id}"
             ref = f"#{past.id}" if past.id is not None else "an earlier action of this plan"
