@@ -178,6 +178,8 @@ class ActionSettings(BaseModel):
         ]
     )
     """Failure types that, with no culprit node, plan a two-round node check before restarting."""
+    claim_max_wait_s: float = Field(default=30.0, ge=0, le=30)
+    """Caps a claim's `wait_seconds` (for proxies that cut idle requests sooner)."""
     poll_interval_s: float = Field(default=1.0, gt=0)
     """How often claim long polls, the action stream and the Redis relay look for changes."""
     base_url: str | None = None

@@ -9,13 +9,23 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 OPERATOR_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,252}$"
 TAINT_KEY = "diagnoser.io/faulty"
 MAX_EVIDENCE_LINES = 20
+
+
+def _not_bool(value: object) -> object:
+    """JSON `true` is not 1 second: a boolean where a number belongs is a client bug."""
+    if isinstance(value, bool):
+        raise ValueError("a number, not a boolean")
+    return value
+
+
+Whole = Annotated[int, BeforeValidator(_not_bool)]
 
 
 class ActionKind(StrEnum):
@@ -164,9 +174,9 @@ class ClaimIn(BaseModel):
     operator_id: str = Field(pattern=OPERATOR_ID_PATTERN)
     kinds: list[ActionKind] | None = Field(default=None, max_length=len(ActionKind))
     """None: every kind."""
-    max: int = Field(default=10, ge=1, le=100)
-    lease_seconds: int = Field(default=60, ge=5, le=3600)
-    wait_seconds: int = Field(default=0, ge=0, le=30)
+    max: Whole = Field(default=10, ge=1, le=100)
+    lease_seconds: Whole = Field(default=60, ge=5, le=3600)
+    wait_seconds: Whole = Field(default=0, ge=0, le=30)
 
 
 class ClaimOut(BaseModel):
@@ -186,7 +196,7 @@ class ExtendIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     operator_id: str = Field(pattern=OPERATOR_ID_PATTERN)
-    lease_seconds: int = Field(default=60, ge=5, le=3600)
+    lease_seconds: Whole = Field(default=60, ge=5, le=3600)
 
 
 class ActionPage(BaseModel):

@@ -73,7 +73,7 @@ async def claim_actions(body: ClaimIn, resources: ResourcesDep) -> ClaimOut:
     An action whose lease ran out is claimable again: complete it with the idempotency key in
     mind (the same action may arrive twice)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + body.wait_seconds
+    deadline = loop.time() + min(body.wait_seconds, resources.settings.actions.claim_max_wait_s)
     while True:
         ticket = resources.action_wake.ticket()
         rows = await _claim_once(resources, body)
@@ -89,7 +89,7 @@ async def claim_actions(body: ClaimIn, resources: ResourcesDep) -> ClaimOut:
 
 
 @router.post(
-    "/actions/{action_id}/complete",
+    "/actions/{action_id:int}/complete",
     response_model=ActionView,
     responses=responses(400, 404, 409, 422, described=DESCRIBED),
 )
@@ -119,7 +119,7 @@ async def complete_action(
 
 
 @router.post(
-    "/actions/{action_id}/extend",
+    "/actions/{action_id:int}/extend",
     response_model=ActionView,
     responses=responses(400, 404, 409, 422, described=DESCRIBED),
 )
@@ -203,7 +203,7 @@ async def stream_actions(resources: ResourcesDep) -> StreamingResponse:
     )
 
 
-@router.get("/actions/{action_id}", response_model=ActionView, responses=responses(404, 422))
+@router.get("/actions/{action_id:int}", response_model=ActionView, responses=responses(404, 422))
 async def get_action(action_id: ActionId, resources: ResourcesDep) -> ActionView:
     async with resources.sessions() as session:
         row = await session.get(ActionRow, action_id)

@@ -31,7 +31,7 @@ from diagnoser.actions.policy import (
     judge,
 )
 from diagnoser.llm.redaction import Redactor
-from diagnoser.store.cursor import CursorError, decode_cursor, encode_cursor
+from diagnoser.store.cursor import decode_cursor, encode_cursor
 from diagnoser.store.models import (
     ActionOptOutRow,
     ActionRow,
@@ -576,9 +576,8 @@ async def page(
         query = query.where(ActionRow.diagnosis_id == criteria.diagnosis_id)
     if cursor:
         at, text = decode_cursor(cursor)
-        if not text.isdigit() or len(text) > 18:
-            raise CursorError("cursor: not a cursor this API returned")
-        row_id = int(text)
+        # Action ids are integers; a cursor with another id still names a time to page from.
+        row_id = int(text) if text.isdigit() and len(text) <= 18 else 0
         query = query.where(
             or_(
                 ActionRow.updated_at < at,

@@ -166,8 +166,7 @@ def test_released_actions_reach_the_redis_stream(tmp_path: Path, redis_server: R
         send(process, "train-5", "node-8", XID79)
 
         def published() -> list[Any]:
-            entries: list[Any] = client.xrange("diagnoser:actions")
-            return entries
+            return list(client.xrange("diagnoser:actions") or [])
 
         wait_until(published, 20, "the action in the Redis stream")
         ((_, fields),) = published()
