@@ -152,7 +152,7 @@ class ActionSettings(BaseModel):
     """At most max(1, this share of the known nodes) cordoned within `blast_radius_window_s`;
     beyond it further node actions are suppressed and on-call is paged once."""
     blast_radius_window_s: float = Field(default=3600.0, gt=0)
-    cooldown_s: float = Field(default=6 * 3600.0, ge=0)
+    cooldown_s: float = Field(default=3600.0, ge=0)
     """A node cordoned (or uncordoned after feedback) is not cordoned again for this long."""
     dedupe_window_s: float = Field(default=600.0, ge=0)
     """A cordon of a node done within this window makes a new one a duplicate (an open
