@@ -45,6 +45,8 @@ from diagnoser.store.models import (
 KIND_VALUES = frozenset(k.value for k in ActionKind)
 OPEN_STATES = (ActionState.PENDING.value, ActionState.CLAIMED.value)
 EXPIRE_BATCH = 500
+SUPERSEDED_KINDS = frozenset({ActionKind.RESTART_JOB, ActionKind.VERIFY_NODES, ActionKind.NOTIFY})
+"""Kinds a newer diagnosis of the job replaces; cordons are findings about nodes, and stay."""
 
 
 class ActionNotFoundError(LookupError):
@@ -227,15 +229,19 @@ async def cancel_open(
     diagnosis_id: str | None = None,
     job_id: str | None = None,
     exclude_diagnosis: str | None = None,
+    kinds: Sequence[ActionKind] | None = None,
     now: datetime | None = None,
 ) -> list[ActionRow]:
-    """Cancel pending actions (never claimed ones: an operator is already at work, and never
-    an undo, which repairs what a done cordon changed)."""
+    """Cancel pending actions: never claimed ones (an operator is already at work), never an
+    undo (it repairs what a done cordon changed), never the policy's own on-call page."""
     now = now or utcnow()
     query = select(ActionRow).where(
         ActionRow.state == ActionState.PENDING.value,
         ActionRow.kind != ActionKind.UNCORDON_NODE.value,
+        ActionRow.escalation.is_(None),
     )
+    if kinds is not None:
+        query = query.where(ActionRow.kind.in_([k.value for k in kinds]))
     if diagnosis_id is not None:
         query = query.where(ActionRow.diagnosis_id == diagnosis_id)
     if job_id is not None:
@@ -260,20 +266,26 @@ async def queue_plan(
 ) -> list[ActionRow]:
     """The diagnosis's plan, judged and written in the diagnosis's transaction.
 
-    A newer diagnosis of the job supersedes older pending plans; a changed recommendation of
-    the same diagnosis cancels its pending actions that the new plan no longer has.
+    A newer diagnosis of the job supersedes the pending restart, verification and
+    notification of older ones when its own plan has one of that kind (a hang reported after
+    an older failure leaves that failure's page alone). Older cordons stay: a faulty node stays
+    faulty, and dedupe keeps one cordon per node. A changed recommendation of the same
+    diagnosis cancels its pending actions that the new plan no longer has.
     """
     now = now or utcnow()
     facts = await facts_of(session, row, base_url)
     planned = plan(facts, config.verify_failure_types)
     keys = {p.key for p in planned}
-    await cancel_open(
-        session,
-        f"superseded by diagnosis {row.id}",
-        job_id=row.job_id,
-        exclude_diagnosis=row.id,
-        now=now,
-    )
+    replaced = {p.kind for p in planned} & SUPERSEDED_KINDS
+    if replaced:
+        await cancel_open(
+            session,
+            f"superseded by diagnosis {row.id}",
+            job_id=row.job_id,
+            exclude_diagnosis=row.id,
+            kinds=sorted(replaced),
+            now=now,
+        )
     stale = [
         a
         for a in await session.scalars(

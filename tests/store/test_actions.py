@@ -234,10 +234,17 @@ async def test_kinds_filter_leaves_other_kinds_for_other_consumers(sessions: Ses
 async def test_a_newer_diagnosis_supersedes_the_older_pending_plan(sessions: Sessions) -> None:
     older = await diagnose(sessions, culprits=("node-3",))
     newer = await diagnose(sessions, culprits=("node-4",))
-    assert [a.state for a in await actions_of(sessions, older)] == ["cancelled", "cancelled"]
+    cordon, restart = await actions_of(sessions, older)
+    # The older restart is replaced by the newer one; node-3 is still faulty.
+    assert (cordon.state, restart.state) == ("pending", "cancelled")
+    assert restart.decisions[-1].reason == f"superseded by diagnosis {newer}"
     assert [a.state for a in await actions_of(sessions, newer)] == ["pending", "pending"]
-    cancelled = (await actions_of(sessions, older))[0]
-    assert cancelled.decisions[-1].reason == f"superseded by diagnosis {newer}"
+
+
+async def test_a_newer_page_leaves_the_older_restart_alone(sessions: Sessions) -> None:
+    older = await diagnose(sessions, action="restart_job", culprits=())
+    await diagnose(sessions, action="escalate", culprits=())
+    assert [a.state for a in await actions_of(sessions, older)] == ["pending"]
 
 
 async def test_the_same_recommendation_twice_is_one_plan(sessions: Sessions) -> None:
