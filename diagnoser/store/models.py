@@ -191,8 +191,12 @@ class ActionRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(253))
     lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+    """The policy's windows (blast radius, cooldown, budget) read recent actions by it."""
+    updated_at: Mapped[datetime] = mapped_column(
+        UtcDateTime, default=utcnow, onupdate=utcnow, index=True
+    )
+    """Pages and the action stream read by it."""
     target: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
     node: Mapped[str | None] = mapped_column(String(253), index=True)
     """The node of a cordon or uncordon (indexed for filters and the policy's windows)."""

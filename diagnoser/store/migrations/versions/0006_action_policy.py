@@ -114,6 +114,8 @@ def upgrade() -> None:
         for name in ("target", "reason", "source", "idempotency_key", "depends_on", "decisions"):
             batch_op.alter_column(name, nullable=False)
         batch_op.create_index(batch_op.f("ix_actions_node"), ["node"], unique=False)
+        batch_op.create_index(batch_op.f("ix_actions_created_at"), ["created_at"], unique=False)
+        batch_op.create_index(batch_op.f("ix_actions_updated_at"), ["updated_at"], unique=False)
         batch_op.create_index(
             "ix_actions_state_released_at", ["state", "released_at"], unique=False
         )
@@ -137,6 +139,8 @@ def downgrade() -> None:
     with op.batch_alter_table("actions", schema=None) as batch_op:
         batch_op.drop_constraint(batch_op.f("uq_actions_idempotency_key"), type_="unique")
         batch_op.drop_index("ix_actions_state_released_at")
+        batch_op.drop_index(batch_op.f("ix_actions_updated_at"))
+        batch_op.drop_index(batch_op.f("ix_actions_created_at"))
         batch_op.drop_index(batch_op.f("ix_actions_node"))
         for name in (
             "published_at",
