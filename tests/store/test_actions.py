@@ -396,3 +396,19 @@ def test_rows_written_before_the_policy_stay_readable(database_url: str) -> None
         ("cordon_node", "cancelled", "node-3"),
     ]
     assert views[0].decisions[0].decision == "migrated"
+
+
+async def test_postgres_claims_skip_rows_another_claim_holds(postgres_url: str) -> None:
+    """Operator A's claim is still in its transaction: B gets the next action, without waiting."""
+    db = parse_database_url(postgres_url)
+    upgrade(db)
+    sessions = Sessions(create_service_engine(db), db)
+    try:
+        for i in range(2):
+            await diagnose(sessions, job=f"job-{i}", action="restart_job", culprits=())
+        async with sessions.begin() as holding:
+            (first,) = await outbox.claim(holding, "op-a", None, 1, LEASE, 5)
+            other = await asyncio.wait_for(claim(sessions, "op-b", limit=2), 10)
+            assert [a.id for a in other] == [first.id + 1]
+    finally:
+        await sessions.close()
