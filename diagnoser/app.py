@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -16,7 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from uvicorn.config import LOGGING_CONFIG
 
 from diagnoser import __version__
-from diagnoser.api import compression, diagnoses, errors, health, jobs, logs, nodes, rules
+from diagnoser.actions.notifier import NotifyWorker
+from diagnoser.actions.policy import PolicyConfig
+from diagnoser.actions.publisher import ActionPublisher, ActionWake
+from diagnoser.api import actions, compression, diagnoses, errors, health, jobs, logs, nodes, rules
 from diagnoser.api.deps import Resources
 from diagnoser.config import Settings
 from diagnoser.diagnosis.escalation import AGREEMENT_BUCKETS, Escalator
@@ -33,6 +37,7 @@ from diagnoser.observability import LlmCollector, Metrics, MetricsMiddleware, Pi
 from diagnoser.pipeline import LineCounter, Pipeline
 from diagnoser.reload import RuleReloader
 from diagnoser.rules import Action, RuleRegistry
+from diagnoser.store.action_queue import StoreActionQueue
 from diagnoser.store.database import (
     DatabaseUrl,
     Sessions,
@@ -149,6 +154,59 @@ def _start_log_agent(
     )
 
 
+def _start_workers(
+    background: anyio.abc.TaskGroup,
+    settings: Settings,
+    sessions: Sessions,
+    flow: DiagnosisFlow,
+    publisher: ActionPublisher,
+    llm: tuple[LlmClient, LlmCollector] | None,
+    stage: CompressionStage,
+) -> None:
+    """The background workers beside ingest: the LLM escalator and Log Agent (when an LLM is
+    configured), the action relay, and the webhook notifier (when a destination is)."""
+    if flow.escalator is not None:
+        background.start_soon(flow.escalator.run)
+    background.start_soon(publisher.run, settings.actions.poll_interval_s)
+    _start_log_agent(background, settings, llm, stage)
+    _start_notifier(background, settings, sessions, publisher.wake)
+
+
+def _start_notifier(
+    background: anyio.abc.TaskGroup,
+    settings: Settings,
+    sessions: Sessions,
+    wake: ActionWake,
+) -> None:
+    """The built-in webhook notifier claims `notify` actions from the outbox, only when a
+    destination is configured (otherwise an operator or a person takes them)."""
+    if not settings.notify.destinations:
+        return
+    queue = StoreActionQueue(
+        sessions,
+        PolicyConfig.from_settings(settings.actions, settings.llm.min_agreement),
+        settings.actions.max_attempts,
+        wake.notify,
+    )
+    background.start_soon(NotifyWorker(queue, settings.notify).run, asyncio.Event())
+
+
+def _flow(
+    settings: Settings,
+    sessions: Sessions,
+    stage: DiagnosisStage,
+    hub: DiagnosisHub,
+    redis: Redis | None,
+) -> tuple[DiagnosisFlow, ActionPublisher]:
+    """The flow judges plans by the configured action policy and wakes claimers after its
+    commits; the publisher relays released actions to Redis."""
+    flow = DiagnosisFlow(sessions, stage, hub)
+    wake = ActionWake()
+    flow.action_policy = PolicyConfig.from_settings(settings.actions, settings.llm.min_agreement)
+    flow.actions_changed = wake.notify
+    return flow, ActionPublisher(sessions, redis, wake)
+
+
 def _connect(
     settings: Settings, database: DatabaseUrl
 ) -> tuple[AsyncEngine, Redis | None, Sessions]:
@@ -197,7 +255,7 @@ def create_app(settings: Settings) -> FastAPI:
         filter_store = FilterStore(sessions, compression_stage)
         hub = DiagnosisHub()
         metrics.diagnosis_watchers.set_function(lambda: hub.watchers)
-        flow = DiagnosisFlow(sessions, stage, hub)
+        flow, publisher = _flow(settings, sessions, stage, hub, redis)
         writer = StreamWriter(
             sessions,
             pipeline,
@@ -224,6 +282,7 @@ def create_app(settings: Settings) -> FastAPI:
             flow=flow,
             compression=compression_stage,
             filters=filter_store,
+            action_wake=publisher.wake,
         )
         stop_watching = anyio.Event()
         try:
@@ -234,9 +293,9 @@ def create_app(settings: Settings) -> FastAPI:
                     flow.watch_stalls, settings.hang.timeout_s, settings.hang.check_interval_s
                 )
                 background.start_soon(filter_store.watch, FILTER_SYNC_INTERVAL_S)
-                if flow.escalator is not None:
-                    background.start_soon(flow.escalator.run)
-                _start_log_agent(background, settings, llm, compression_stage)
+                _start_workers(
+                    background, settings, sessions, flow, publisher, llm, compression_stage
+                )
                 try:
                     yield
                 finally:
@@ -260,6 +319,6 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     errors.install(app)
-    for module in (health, logs, jobs, compression, rules, diagnoses, nodes):
+    for module in (health, logs, jobs, compression, rules, diagnoses, nodes, actions):
         app.include_router(module.router)
     return app

@@ -147,20 +147,48 @@ class AuthSettings(BaseModel):
 
 
 class ActionSettings(BaseModel):
-    dry_run: bool = True
-    """Recovery actions are only recorded (for an operator to claim), never executed by the
-    service: that is the only mode there is, so `false` is refused rather than ignored."""
+    """The recovery-action policy: see diagnoser/actions/policy.py and docs/actions.md."""
 
-    @field_validator("dry_run")
-    @classmethod
-    def _refuse_execution(cls, dry_run: bool) -> bool:
-        if not dry_run:
-            raise PydanticCustomError(
-                NOT_IMPLEMENTED,
-                "executing recovery actions is not implemented yet: actions are only recorded "
-                "for an operator to claim; unset this variable",
-            )
-        return dry_run
+    dry_run: bool = True
+    """Shadow mode: every action is planned, judged by the policy and recorded (visible in
+    GET /v1/actions), but none is released to an operator. `false` releases what the policy
+    allows."""
+    blast_radius_percent: float = Field(default=10.0, gt=0, le=100)
+    """At most max(1, this share of the known nodes) cordoned within `blast_radius_window_s`;
+    beyond it further node actions are suppressed and on-call is paged once."""
+    blast_radius_window_s: float = Field(default=3600.0, gt=0)
+    cooldown_s: float = Field(default=3600.0, ge=0)
+    """A node cordoned (or uncordoned after feedback) is not cordoned again for this long."""
+    dedupe_window_s: float = Field(default=600.0, ge=0)
+    """A cordon of a node done within this window makes a new one a duplicate (an open
+    cordon or restart always does)."""
+    restart_budget: int = Field(default=3, ge=0)
+    """Restarts per job per hour; past it the plan pages on-call instead of restarting."""
+    restart_backoff_s: float = Field(default=60.0, ge=0)
+    """The n-th restart of a job within the hour waits this times 2^(n-1) after the previous."""
+    expiry_s: float = Field(default=3600.0, gt=0)
+    """An action not claimed this long after it was planned expires (never replayed late)."""
+    max_attempts: int = Field(default=5, ge=1)
+    """Leases that may run out on one action before it expires."""
+    opt_out_nodes: list[str] = Field(default_factory=list)
+    """Nodes no action ever targets (JSON list); PUT /v1/nodes/{node}/opt-out adds at runtime."""
+    opt_out_jobs: list[str] = Field(default_factory=list)
+    verify_failure_types: list[str] = Field(
+        default_factory=lambda: [
+            "nccl_timeout",
+            "nccl_remote_error",
+            "nccl_system_error",
+            "nvlink_error",
+            "ib_error",
+        ]
+    )
+    """Failure types that, with no culprit node, plan a two-round node check before restarting."""
+    claim_max_wait_s: float = Field(default=30.0, ge=0, le=30)
+    """Caps a claim's `wait_seconds` (for proxies that cut idle requests sooner)."""
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    """How often claim long polls, the action stream and the Redis relay look for changes."""
+    base_url: str | None = None
+    """The service's external URL, for the diagnosis link in notify actions."""
 
 
 NotifyKind = Literal["generic", "slack", "pagerduty"]

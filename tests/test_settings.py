@@ -33,11 +33,6 @@ def flat(text: str) -> str:
     ("variable", "value", "feature"),
     [
         ("DIAGNOSER_AUTH__ENABLED", "true", "authentication is not implemented yet"),
-        (
-            "DIAGNOSER_ACTIONS__DRY_RUN",
-            "false",
-            "executing recovery actions is not implemented yet",
-        ),
     ],
 )
 def test_serve_refuses_a_setting_for_a_feature_not_built(
@@ -53,7 +48,11 @@ def test_serve_refuses_a_setting_for_a_feature_not_built(
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("DIAGNOSER_AUTH__ENABLED", "false"), ("DIAGNOSER_ACTIONS__DRY_RUN", "true")],
+    [
+        ("DIAGNOSER_AUTH__ENABLED", "false"),
+        ("DIAGNOSER_ACTIONS__DRY_RUN", "true"),
+        ("DIAGNOSER_ACTIONS__DRY_RUN", "false"),
+    ],
 )
 def test_a_setting_that_states_what_happens_anyway_is_accepted(variable: str, value: str) -> None:
     result = diagnoser("rules", "check", env={variable: value})

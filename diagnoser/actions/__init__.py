@@ -1,1 +1,1 @@
-"""Recovery actions: their wire models, the policy that releases them, and their consumers."""
+"""Recovery actions: the operator wire contract, plans and the (pure) policy."""

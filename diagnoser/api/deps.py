@@ -9,6 +9,7 @@ from fastapi import Depends, Path, Query, Request
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from diagnoser.actions.publisher import ActionWake
 from diagnoser.config import Settings
 from diagnoser.diagnosis.flow import DiagnosisFlow
 from diagnoser.diagnosis.hub import DiagnosisHub
@@ -42,6 +43,8 @@ class Resources:
     compression: CompressionStage
     """The compression stage: each job's compressed log, its family's templates and filters."""
     filters: FilterStore
+    action_wake: ActionWake
+    """Wakes claim long polls and the action stream when actions change in this process."""
 
 
 def get_resources(request: Request) -> Resources:

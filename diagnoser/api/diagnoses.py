@@ -8,8 +8,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select, update
+from sqlalchemy import select
 
+from diagnoser.api.actions import policy as action_policy
 from diagnoser.api.deps import (
     CursorQuery,
     DiagnosisId,
@@ -30,9 +31,10 @@ from diagnoser.diagnosis.schemas import (
     FeedbackView,
 )
 from diagnoser.rules import Category
+from diagnoser.store.actions import cancel_open, undo_for_feedback
 from diagnoser.store.cursor import CursorError
 from diagnoser.store.diagnoses import DiagnosisFilter, page, queue_action, set_culprits
-from diagnoser.store.models import ActionRow, DiagnosisRow, FeedbackRow, utcnow
+from diagnoser.store.models import DiagnosisRow, FeedbackRow, utcnow
 
 router = APIRouter(prefix="/v1", tags=["diagnoses"])
 KEEPALIVE_S = 15.0
@@ -154,7 +156,8 @@ async def post_feedback(
     """Confirm, override (category and/or action), dismiss or resolve; every verdict is kept.
 
     An override makes the diagnosis a human one: later evidence still adds to it but no longer
-    changes its category or action. Dismissing or resolving cancels a pending action.
+    changes its category or action. Dismissing or resolving cancels pending actions;
+    dismissing (the diagnosis was wrong) also queues an uncordon for each cordon it made.
     """
     async with resources.sessions.begin() as session:
         row = await session.get(DiagnosisRow, diagnosis_id)
@@ -166,18 +169,13 @@ async def post_feedback(
             row.source = Source.HUMAN.value
             row.summary = f"{row.summary} [overridden by {feedback.author}]"
             await set_culprits(session, row.id, row.culprit_nodes)
-            await queue_action(session, row)
-        elif feedback.kind in (FeedbackKind.DISMISS, FeedbackKind.RESOLVE):
-            row.status = (
-                DiagnosisStatus.DISMISSED
-                if feedback.kind is FeedbackKind.DISMISS
-                else DiagnosisStatus.RESOLVED
-            ).value
-            await session.execute(
-                update(ActionRow)
-                .where(ActionRow.diagnosis_id == row.id, ActionRow.state == "pending")
-                .values(state="cancelled", updated_at=utcnow())
-            )
+            await queue_action(session, row, action_policy(resources))
+        elif feedback.kind is FeedbackKind.DISMISS:
+            row.status = DiagnosisStatus.DISMISSED.value
+            await undo_for_feedback(session, row, action_policy(resources), feedback.author)
+        elif feedback.kind is FeedbackKind.RESOLVE:
+            row.status = DiagnosisStatus.RESOLVED.value
+            await cancel_open(session, f"resolved by {feedback.author}", diagnosis_id=row.id)
         row.updated_at = utcnow()
         entry = FeedbackRow(
             diagnosis_id=diagnosis_id,
@@ -191,4 +189,5 @@ async def post_feedback(
         await session.flush()
         await session.refresh(entry)
     resources.hub.publish(DiagnosisView.model_validate(row))
+    resources.action_wake.notify()
     return entry

@@ -25,13 +25,14 @@ import contextlib
 import logging
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from diagnoser.actions.policy import PolicyConfig
 from diagnoser.diagnosis.correlate import Source, Status, Verdict
 from diagnoser.diagnosis.escalation import Escalator
 from diagnoser.diagnosis.hang import HANG_TYPES, Lifecycle, LifecycleEvent
@@ -208,6 +209,10 @@ class DiagnosisFlow:
         self.hub = hub
         self.changes_by_action: Counter[str] = Counter()
         """Diagnoses created or changed, by the action they then recommend."""
+        self.action_policy = PolicyConfig()
+        """The recovery-action policy its plans are judged by (the app sets the configured one)."""
+        self.actions_changed: Callable[[], None] = lambda: None
+        """Called after a commit that may have written actions: wakes claim long polls."""
         self.hangs: Counter[str] = Counter()
         """Hangs `reported` by the detector and `resolved` by progress resuming."""
         self._locks: dict[str, anyio.Lock] = {}
@@ -429,9 +434,10 @@ class DiagnosisFlow:
             row.progress = merged_progress(row.progress, self.stage.progress(job_id))
             await session.flush()
             await set_culprits(session, row.id, row.culprit_nodes)
-            await queue_action(session, row)
+            await queue_action(session, row, self.action_policy)
         self.changes_by_action[row.action] += 1
         self.hub.publish(DiagnosisView.model_validate(row))
+        self.actions_changed()
         if row.action == Action.ESCALATE.value and row.source not in (Source.HUMAN, Source.LLM):
             await self._escalate(job_id, row.id)
         return row.id
@@ -480,10 +486,11 @@ class DiagnosisFlow:
             await session.flush()
             if decides:
                 await set_culprits(session, row.id, row.culprit_nodes)
-                await queue_action(session, row)
+                await queue_action(session, row, self.action_policy)
         if decides:
             self.changes_by_action[row.action] += 1
         self.hub.publish(DiagnosisView.model_validate(row))
+        self.actions_changed()
 
     async def _resolve_hang(self, job_id: str, why: str = "progress resumed") -> list[str]:
         """A job reported hung made progress again: its hang diagnosis is resolved, with why.
@@ -503,4 +510,5 @@ class DiagnosisFlow:
             await session.flush()
         self.hangs["resolved"] += 1
         self.hub.publish(DiagnosisView.model_validate(row))
+        self.actions_changed()
         return [row.id]

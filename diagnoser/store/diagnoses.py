@@ -7,17 +7,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, and_, delete, func, or_, select, update
+from sqlalchemy import Select, and_, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from diagnoser.actions.policy import PolicyConfig
+from diagnoser.store.actions import cancel_open, queue_plan
 from diagnoser.store.cursor import decode_cursor, encode_cursor
 from diagnoser.store.models import (
-    ActionRow,
     DiagnosisCulpritRow,
     DiagnosisRow,
     JobEventRow,
     LogStreamRow,
-    utcnow,
 )
 
 ACTIVE = ("open", "actioned")
@@ -121,43 +121,19 @@ async def set_culprits(session: AsyncSession, diagnosis_id: str, nodes: Sequence
 
 async def supersede_pending(session: AsyncSession, diagnosis_id: str) -> None:
     """The diagnosis's unclaimed actions are no longer wanted (a hang that resolved itself)."""
-    await session.execute(
-        update(ActionRow)
-        .where(ActionRow.diagnosis_id == diagnosis_id, ActionRow.state == "pending")
-        .values(state="superseded", updated_at=utcnow())
-    )
+    await cancel_open(session, "the diagnosis resolved itself", diagnosis_id=diagnosis_id)
 
 
-async def queue_action(session: AsyncSession, row: DiagnosisRow) -> None:
-    """Outbox: the action to execute, written in the diagnosis's transaction.
+async def queue_action(
+    session: AsyncSession, row: DiagnosisRow, policy: PolicyConfig | None = None
+) -> None:
+    """Outbox: the diagnosis's plan, judged by the policy, written in its transaction.
 
-    A changed recommendation supersedes the pending one (a restart upgraded to a cordon);
-    the same recommendation twice is one action.
+    A changed recommendation cancels the pending actions it no longer has (a restart upgraded
+    to a cordon); the same recommendation twice is one plan (the idempotency keys). Without
+    a policy the defaults apply, dry-run included: nothing is released.
     """
-    pending = list(
-        await session.scalars(
-            select(ActionRow).where(ActionRow.diagnosis_id == row.id, ActionRow.state == "pending")
-        )
-    )
-    for action in pending:
-        if action.kind == row.action and sorted(action.target_nodes) == sorted(row.culprit_nodes):
-            return
-    if pending:
-        await session.execute(
-            update(ActionRow)
-            .where(ActionRow.id.in_([a.id for a in pending]))
-            .values(state="superseded", updated_at=utcnow())
-        )
-    if row.action in OUTBOX_ACTIONS:
-        session.add(
-            ActionRow(
-                diagnosis_id=row.id,
-                job_id=row.job_id,
-                kind=row.action,
-                target_nodes=list(row.culprit_nodes),
-                state="pending",
-            )
-        )
+    await queue_plan(session, row, policy or PolicyConfig())
 
 
 @dataclass(frozen=True, slots=True)

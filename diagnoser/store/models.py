@@ -169,9 +169,16 @@ class FeedbackRow(Base):
 
 
 class ActionRow(Base):
-    """The outbox of recovery actions: written with its diagnosis, claimed by an operator."""
+    """The outbox of recovery actions: written with its diagnosis, claimed by an operator.
+
+    `released_at` is the policy's yes (null in dry-run and when suppressed); an action is
+    claimable when pending, released, its `depends_on` all done, past `not_before` and not
+    past `expires_at`, or when claimed with its lease run out. `decisions` is the audit
+    trail: every policy and lifecycle decision with its reason.
+    """
 
     __tablename__ = "actions"
+    __table_args__ = (Index("ix_actions_state_released_at", "state", "released_at"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     diagnosis_id: Mapped[str] = mapped_column(
@@ -184,8 +191,46 @@ class ActionRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(253))
     lease_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+    """The policy's windows (blast radius, cooldown, budget) read recent actions by it."""
+    updated_at: Mapped[datetime] = mapped_column(
+        UtcDateTime, default=utcnow, onupdate=utcnow, index=True
+    )
+    """Pages and the action stream read by it."""
+    target: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+    node: Mapped[str | None] = mapped_column(String(253), index=True)
+    """The node of a cordon or uncordon (indexed for filters and the policy's windows)."""
+    reason: Mapped[str] = mapped_column(Text, default="")
+    source: Mapped[str] = mapped_column(String(16), default="rules")
+    idempotency_key: Mapped[str] = mapped_column(String(600), unique=True)
+    depends_on: Mapped[list[int]] = mapped_column(Json, default=list)
+    result: Mapped[dict[str, Any] | None] = mapped_column(Json)
+    message: Mapped[str | None] = mapped_column(Text)
+    decisions: Mapped[list[dict[str, Any]]] = mapped_column(Json, default=list)
+    escalation: Mapped[str | None] = mapped_column(String(32))
+    """Set on the on-call notifications the policy raises itself (blast radius, budget)."""
+    released_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    not_before: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    published_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    """When the Redis relay added it to the `diagnoser:actions` stream."""
+
+    @property
+    def released(self) -> bool:
+        return self.released_at is not None
+
+
+class ActionOptOutRow(Base):
+    """A node or job that recovery actions leave alone (set through the API)."""
+
+    __tablename__ = "action_opt_outs"
+
+    scope: Mapped[str] = mapped_column(String(8), primary_key=True)
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    author: Mapped[str] = mapped_column(String(253), default="")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
 
 
 class FilterRow(Base):

@@ -69,6 +69,13 @@ def test_every_422_is_documented_as_the_error_body_we_send(
         ("post", "/v1/diagnoses/{diagnosis_id}/feedback", {"201", "400", "404", "422"}),
         ("get", "/v1/nodes/{node}", {"200", "404", "422"}),
         ("post", "/v1/rules/reload", {"200", "422"}),
+        ("post", "/v1/actions/claim", {"200", "400", "422"}),
+        ("post", "/v1/actions/{action_id}/complete", {"200", "400", "404", "409", "422"}),
+        ("post", "/v1/actions/{action_id}/extend", {"200", "400", "404", "409", "422"}),
+        ("get", "/v1/actions", {"200", "422"}),
+        ("get", "/v1/actions/{action_id}", {"200", "404", "422"}),
+        ("put", "/v1/nodes/{node}/opt-out", {"200", "400", "422"}),
+        ("delete", "/v1/jobs/{job_id}/opt-out", {"204", "404", "422"}),
         ("get", "/readyz", {"200", "503"}),
     ],
 )

@@ -43,6 +43,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess
     env = {
         "DIAGNOSER_DATA_DIR": str(tmp_path_factory.mktemp("data")),
         "DIAGNOSER_INGEST__IDLE_TIMEOUT_S": "5",
+        # A claim may long-poll up to 30 s; here it answers at once (its own tests wait).
+        "DIAGNOSER_ACTIONS__CLAIM_MAX_WAIT_S": "0",
     }
     for service in run_service(env):
         _seed(service)
@@ -82,8 +84,9 @@ def _api_schema() -> BaseSchema:
         }
     )
     schema = schemathesis.openapi.from_dict(document, config=config)
-    # An endless event stream: it has its own tests (tests/api/test_diagnoses.py).
-    return schema.exclude(path="/v1/diagnoses/stream")
+    # Endless event streams: they have their own tests (tests/api/test_diagnoses.py,
+    # tests/api/test_actions.py).
+    return schema.exclude(path="/v1/diagnoses/stream").exclude(path="/v1/actions/stream")
 
 
 schema = _api_schema()

@@ -262,7 +262,7 @@ async def test_a_resolved_hang_supersedes_its_unclaimed_restart(sqlite_url: str)
         assert await actions() == [("restart_job", "pending")]
         stage.process(key, Framer().feed(b"iteration 6/50000 | lm loss: 2.40E+00\n"))
         await flow.settle("job")
-        assert await actions() == [("restart_job", "superseded")]
+        assert await actions() == [("restart_job", "cancelled")]
         async with sessions.begin() as session:
             row = await session.get(DiagnosisRow, diagnosis_id)
             assert row is not None
