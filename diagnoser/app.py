@@ -9,15 +9,28 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.middleware import Middleware
 from uvicorn.config import LOGGING_CONFIG
 
 from diagnoser import __version__
-from diagnoser.api import compression, diagnoses, errors, health, jobs, logs, nodes, rules
+from diagnoser.api import (
+    access,
+    compression,
+    diagnoses,
+    errors,
+    health,
+    jobs,
+    limits,
+    logs,
+    nodes,
+    rules,
+)
 from diagnoser.api.deps import Resources
+from diagnoser.auth.roles import Gate, authorize, check_start
 from diagnoser.config import Settings
 from diagnoser.diagnosis.escalation import AGREEMENT_BUCKETS, Escalator
 from diagnoser.diagnosis.flow import DiagnosisFlow
@@ -152,6 +165,12 @@ def _connect(
     )
 
 
+async def _gate(settings: Settings, sessions: Sessions) -> Gate:
+    """Refuse to run open off loopback; warn loudly when running open on it."""
+    await check_start(settings, sessions)
+    return Gate(settings.auth, settings.host, sessions)
+
+
 def create_app(settings: Settings) -> FastAPI:
     database = parse_database_url(settings.database_url)
     metrics = Metrics()
@@ -163,6 +182,7 @@ def create_app(settings: Settings) -> FastAPI:
             # replicas, so there migration is the explicit `diagnoser migrate` step.
             await anyio.to_thread.run_sync(upgrade, database)
         engine, redis, sessions = _connect(settings, database)
+        app.state.gate = await _gate(settings, sessions)
         registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
         reloader = RuleReloader(registry)
         stage = DiagnosisStage(
@@ -233,9 +253,11 @@ def create_app(settings: Settings) -> FastAPI:
         version=__version__,
         summary="Log diagnosis for GPU training clusters: ingest, rules, LLM, recovery actions.",
         lifespan=lifespan,
+        dependencies=[Depends(authorize)],  # the one route -> role table: diagnoser/auth/roles.py
+        middleware=[Middleware(limits.LimitsMiddleware, limits=settings.limits)],
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     errors.install(app)
-    for module in (health, logs, jobs, compression, rules, diagnoses, nodes):
-        app.include_router(module.router)
+    for module in (health, logs, jobs, compression, rules, diagnoses, nodes, access):
+        app.include_router(module.router, responses=errors.responses(401, 403))
     return app

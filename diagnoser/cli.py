@@ -123,9 +123,8 @@ def serve(
 ) -> None:
     """Run the HTTP service (embedded SQLite by default; no Redis or LLM needed).
 
-    Unauthenticated (no auth yet): anyone who reaches the port can post logs and read diagnoses.
-
-    Listen on loopback or a trusted network, or put an authenticating proxy in front.
+    Requests need a bearer token (`diagnoser token create`) once one exists. With none, the
+    service runs open on loopback only, and refuses to start on any other address.
     """
     import uvicorn
 
@@ -140,6 +139,7 @@ def serve(
         ensure_writable_dir(database.sqlite_path.parent)
     ensure_port_free(settings.host, settings.port)
     _load_rules(settings.rules_dir)  # a broken pack stops here, with the reason, not mid-start
+    _check_auth(settings, database)
     err.print(
         f"diagnoser {__version__} on http://{settings.host}:{settings.port} "
         f"(database {database.redacted()})",
@@ -175,6 +175,19 @@ def migrate(data_dir: DataDirOption = None, database_url: DatabaseUrlOption = No
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise fail(f"cannot reach database {database.redacted()}: {first}") from exc
     err.print(f"database {database.redacted()} is at revision {head_revision()}", markup=False)
+
+
+def _check_auth(settings: Settings, database: DatabaseUrl) -> None:
+    """Refuse an open service off loopback here, with one line, rather than mid-start."""
+    from diagnoser.auth.roles import startup_problem
+    from diagnoser.auth.tokens import exist
+    from diagnoser.store.migrate import upgrade
+
+    if database.backend == "sqlite":
+        upgrade(database)  # what the service does first anyway: the tokens table exists then
+    problem = startup_problem(settings.auth, settings.host, exist(database))
+    if problem is not None:
+        raise fail(problem)
 
 
 def _stopped(signum: int, frame: object) -> None:
@@ -430,6 +443,7 @@ def plain_help(command: Any) -> Any:
 
 
 def main() -> None:
+    from diagnoser.auth.command import token_app
     from diagnoser.diagnosis.console import diagnoses_app
     from diagnoser.evaluation.command import evaluate
     from diagnoser.shipper.command import ship
@@ -441,6 +455,7 @@ def main() -> None:
     app.command("run")(run)
     app.command("eval")(evaluate)
     app.add_typer(diagnoses_app, name="diagnoses")
+    app.add_typer(token_app, name="token")
     try:
         plain_help(typer.main.get_command(app))(prog_name="diagnoser")
     except ValidationError as exc:
