@@ -181,11 +181,9 @@ def _check_auth(settings: Settings, database: DatabaseUrl) -> None:
     """Refuse an open service off loopback here, with one line, rather than mid-start."""
     from diagnoser.auth.roles import startup_problem
     from diagnoser.auth.tokens import exist
-    from diagnoser.store.migrate import upgrade
 
-    if database.backend == "sqlite":
-        upgrade(database)  # what the service does first anyway: the tokens table exists then
-    problem = startup_problem(settings.auth, settings.host, exist(database))
+    fresh = database.sqlite_path is not None and not database.sqlite_path.exists()
+    problem = startup_problem(settings.auth, settings.host, False if fresh else exist(database))
     if problem is not None:
         raise fail(problem)
 
