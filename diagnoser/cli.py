@@ -155,6 +155,8 @@ def serve(
         log_level=settings.log_level,
         log_config=log_config(settings.log_level),
         timeout_graceful_shutdown=10,
+        timeout_keep_alive=settings.limits.keep_alive_s,
+        limit_concurrency=settings.limits.max_connections,
     )
 
 

@@ -149,7 +149,7 @@ class LimitSettings(BaseModel):
     """Nesting of a JSON body (arrays and objects): 400."""
     max_json_items: int = Field(default=10_000, ge=1)
     """Members of any one JSON array or object in such a body: 413."""
-    keep_alive_s: float = Field(default=5.0, gt=0)
+    keep_alive_s: int = Field(default=5, ge=1)
     """An idle keep-alive connection is closed after this long."""
     max_connections: int = Field(default=4096, ge=1)
     """Open connections at once; beyond it new requests get 503 (slow clients cannot pile up)."""
