@@ -1,38 +1,71 @@
 """Rejecting rule patterns that backtrack catastrophically, when the pack loads.
 
-A rule file can be edited at runtime (and hot-reloaded), so its patterns are untrusted: each one
-is run, under the ruleset's timeout, on a few inputs that make a backtracking pattern blow up
-if it can (long runs of one character, alone and spliced into the rule's own example). A pattern
-that times out is a load problem. Verdicts are cached per (pattern, flags): a reload re-checks
-only what changed.
+A rule file can be edited at runtime (and hot-reloaded), so its patterns are untrusted. A
+pattern whose structure can backtrack badly (a repeat around another repeat or around an
+alternation, or syntax the check cannot read) is run, under the ruleset's timeout, on inputs
+that make it blow up if it can: long runs of one character, alone and spliced into the rule's
+own example after each blank. A pattern that times out is a load problem. Verdicts are cached
+per (pattern, flags, example): a reload re-checks only what changed.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from functools import lru_cache
+from re import _constants as sre  # type: ignore[attr-defined,unused-ignore]
+from re import _parser as sre_parse  # type: ignore[attr-defined,unused-ignore]
+from typing import Any
 
 import regex
 
-RUN = 1000
-"""Long enough that an exponential or cubic pattern times out; a quadratic one costs a few ms."""
+RUN = 4000
+"""Long enough that an exponential, cubic or slow quadratic pattern exceeds the timeout."""
+RUN_CHARS = ("a", "0", " ")
+_REPEATS = (sre.MAX_REPEAT, sre.MIN_REPEAT)
+
+
+def _nested(items: Any, inside_repeat: bool) -> bool:
+    """A repeat (of more than one) inside a repeat, or an alternation inside one."""
+    for op, av in items:
+        if op in _REPEATS:
+            many = av[1] > 1
+            if inside_repeat and many:
+                return True
+            if _nested(av[2], inside_repeat or many):
+                return True
+        elif op is sre.SUBPATTERN:
+            if _nested(av[3], inside_repeat):
+                return True
+        elif op is sre.BRANCH:
+            if inside_repeat or any(_nested(alt, inside_repeat) for alt in av[1]):
+                return True
+        elif op is sre.ATOMIC_GROUP or op is sre.POSSESSIVE_REPEAT:
+            continue  # no backtracking into these
+    return False
+
+
+def suspicious(source: str) -> bool:
+    try:
+        return _nested(sre_parse.parse(source), False)
+    except (re.error, OverflowError, RecursionError, TypeError, ValueError):
+        return True  # `regex`-only syntax: test it rather than trust it
 
 
 def _inputs(example: str) -> list[str]:
-    inputs = [ch * RUN + "!" for ch in ("a", "0", " ", "\t")] + ["0." * (RUN // 2) + "x"]
+    inputs = [ch * RUN + "!" for ch in (*RUN_CHARS, "\t")] + ["0." * (RUN // 2) + "x"]
+    cuts = [*[i + 1 for i, ch in enumerate(example) if ch == " "][:8], len(example)]
+    for cut in dict.fromkeys(cuts):
+        inputs.extend(example[:cut] + ch * RUN + "\x00" for ch in RUN_CHARS)
     if example:
-        cut = len(example) // 2
-        blank = example.find(" ") + 1 or cut
-        for ch in dict.fromkeys(c for c in example if not c.isspace()):
-            inputs.append(example[:blank] + ch * RUN + "\x00")
-            if len(inputs) >= 8:
-                break
         inputs.append(" ".join([example] * 10) + "\x00")
     return inputs
 
 
 @lru_cache(maxsize=4096)
 def _too_slow(source: str, flags: int, example: str, timeout: float) -> bool:
+    if not suspicious(source):
+        return False
     pattern = regex.compile(source, flags)
     try:
         for text in _inputs(example):
