@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from diagnoser.ingest.framing import LineBatch
 from diagnoser.rules import Action, RuleSet, load_dir, make_batch, scan_lines
 from diagnoser.rules.engine import parse_time
