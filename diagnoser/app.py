@@ -30,7 +30,7 @@ from diagnoser.api import (
     rules,
 )
 from diagnoser.api.deps import Resources
-from diagnoser.auth.roles import Gate, authorize, check_start
+from diagnoser.auth.roles import Gate, authorize, check_start, document
 from diagnoser.config import Settings
 from diagnoser.diagnosis.escalation import AGREEMENT_BUCKETS, Escalator
 from diagnoser.diagnosis.flow import DiagnosisFlow
@@ -257,7 +257,13 @@ def create_app(settings: Settings) -> FastAPI:
         middleware=[Middleware(limits.LimitsMiddleware, limits=settings.limits)],
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    _install_routes(app, settings)
+    return app
+
+
+def _install_routes(app: FastAPI, settings: Settings) -> None:
+    """The routers, the error bodies, and what the document says about authentication."""
     errors.install(app)
+    document(app, settings.auth)
     for module in (health, logs, jobs, compression, rules, diagnoses, nodes, access):
         app.include_router(module.router, responses=errors.responses(401, 403))
-    return app

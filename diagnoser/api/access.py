@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,11 +80,17 @@ class TokenView(BaseModel):
 class TokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Role
-    node: NodeName | None = None
-    jobs: Annotated[str | None, Field(pattern=JOB_PATTERN)] = None
+    role: Literal[Role.READ, Role.OPERATOR, Role.ADMIN]
     expires_in_s: Annotated[int | None, Field(ge=60, le=10 * 365 * 86400)] = None
     description: Annotated[str, Field(max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")] = ""
+
+
+class IngestTokenIn(TokenIn):
+    """Only ingest tokens are bound, to a node and/or a job-id glob."""
+
+    role: Literal[Role.INGEST]  # type: ignore[assignment]
+    node: NodeName | None = None
+    jobs: Annotated[str | None, Field(pattern=JOB_PATTERN)] = None
 
 
 class TokenCreated(TokenView):
@@ -98,18 +104,17 @@ async def list_tokens(resources: ResourcesDep) -> list[ApiTokenRow]:
         return await session.run_sync(tokens.listing)
 
 
-@router.post("/tokens", response_model=TokenCreated, status_code=201, responses=responses(422))
+@router.post("/tokens", response_model=TokenCreated, status_code=201, responses=responses(400, 422))
 async def create_token(
-    body: TokenIn, resources: ResourcesDep, principal: PrincipalDep
+    body: IngestTokenIn | TokenIn, resources: ResourcesDep, principal: PrincipalDep
 ) -> TokenCreated:
     """A new token; `node` and `jobs` bind an ingest token (docs/security.md)."""
-    if (body.node or body.jobs) and body.role is not Role.INGEST:
-        raise ApiError(422, "invalid_request", "only ingest tokens are bound to a node or jobs")
+    node, jobs = (body.node, body.jobs) if isinstance(body, IngestTokenIn) else (None, None)
     expires = utcnow() + timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
     async with resources.sessions.begin() as session:
         issued = await session.run_sync(
             lambda s: tokens.issue(
-                s, body.role, node=body.node, jobs=body.jobs, expires_at=expires,
+                s, Role(body.role), node=node, jobs=jobs, expires_at=expires,
                 description=body.description, created_by=principal.actor,
             )
         )  # fmt: skip

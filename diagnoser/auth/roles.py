@@ -12,9 +12,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from diagnoser.api.errors import ApiError
@@ -260,10 +260,7 @@ async def authorize(
     if access is None:
         raise ApiError(403, "forbidden", f"no access rule for {request.method} {template}")
     settings: AuthSettings = request.app.state.resources.settings.auth
-    public = access.open is Open.ALWAYS or (
-        (access.open is Open.HEALTH and settings.open_health)
-        or (access.open is Open.METRICS and settings.open_metrics)
-    )
+    public = _is_public(access, settings)
     gate: Gate = request.app.state.gate
     if public:
         principal = ANONYMOUS
@@ -288,3 +285,29 @@ async def authorize(
 
 PrincipalDep = Annotated[Principal, Depends(authorize)]
 """The caller, for routes that act on who it is (binding of record bodies, the audit log)."""
+
+
+def document(app: FastAPI, settings: AuthSettings) -> None:
+    """The OpenAPI document says which operations answer without a token: those get
+    `security: []` and no 401/403, so clients and schema checkers see what the table says."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        for path, operations in schema.get("paths", {}).items():
+            for method, operation in operations.items():
+                access = access_for(method.upper(), path)
+                if access is not None and _is_public(access, settings):
+                    operation["security"] = []
+                    for status in ("401", "403"):
+                        operation.get("responses", {}).pop(status, None)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _is_public(access: Access, settings: AuthSettings) -> bool:
+    return access.open is Open.ALWAYS or (
+        (access.open is Open.HEALTH and settings.open_health)
+        or (access.open is Open.METRICS and settings.open_metrics)
+    )
