@@ -46,12 +46,12 @@ def test_ship_sends_the_token_and_a_wrong_one_exits_3(
 
 
 def test_run_posts_its_events_with_the_token(
-    service: ServiceProcess, tokens: dict[str, Token]
+    service: ServiceProcess, tokens: dict[str, Token], tmp_path: Path
 ) -> None:
     result = run_diagnoser(
         "run", "--server", service.base_url, "--job", "j2", "--node", "n1",
         "--", sys.executable, "-c", "print('step 1 loss 2.5')",
-        env={"DIAGNOSER_TOKEN": tokens["ingest"].raw},
+        env={"DIAGNOSER_TOKEN": tokens["ingest"].raw}, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     job = httpx.get(f"{service.base_url}/v1/jobs/j2", headers=tokens["read"].headers)
