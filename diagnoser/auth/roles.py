@@ -100,6 +100,10 @@ POLICY: dict[tuple[str, str], Access] = {
     ("GET", "/v1/actions"): WATCH_ACTIONS,
     ("GET", "/v1/actions/stream"): WATCH_ACTIONS,
     ("GET", "/v1/actions/{action_id}"): WATCH_ACTIONS,
+    # the same, should the actions router name its parameter `{id}` as the contract writes it
+    ("POST", "/v1/actions/{id}/complete"): OPERATOR,
+    ("POST", "/v1/actions/{id}/extend"): OPERATOR,
+    ("GET", "/v1/actions/{id}"): WATCH_ACTIONS,
     ("PUT", "/v1/nodes/{node}/opt-out"): ADMIN,
     ("DELETE", "/v1/nodes/{node}/opt-out"): ADMIN,
     ("PUT", "/v1/jobs/{job_id}/opt-out"): ADMIN,

@@ -26,6 +26,7 @@ SAMPLES = {
     "suggestion_id": "0123456789ab",
     "token_id": "0123456789ab",
     "action_id": "1",
+    "id": "1",
     "path": "favicon.png",
 }
 """A value for every path parameter a route may have (a missing one fails the test)."""
