@@ -1,6 +1,6 @@
 # One image for every role: `serve` (api), `migrate` (one-shot) and `operator` (its extra).
-# The service is unauthenticated until authentication is built: publish its port only on a
-# trusted network or behind an authenticating proxy.
+# `serve` listens on 0.0.0.0 here, so it refuses to start until an API token exists:
+# `docker run ... IMAGE token create --role admin` against the same database (docs/security.md).
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml setup.py MANIFEST.in README.md ./

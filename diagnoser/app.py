@@ -10,18 +10,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.middleware import Middleware
 from uvicorn.config import LOGGING_CONFIG
 
 from diagnoser import __version__
 from diagnoser.actions.notifier import NotifyWorker
 from diagnoser.actions.policy import PolicyConfig
 from diagnoser.actions.publisher import ActionPublisher, ActionWake
-from diagnoser.api import actions, compression, diagnoses, errors, health, jobs, logs, nodes, rules
+from diagnoser.api import (
+    access,
+    actions,
+    compression,
+    diagnoses,
+    errors,
+    health,
+    jobs,
+    limits,
+    logs,
+    nodes,
+    rules,
+)
 from diagnoser.api.deps import Resources
+from diagnoser.auth.roles import Gate, authorize, check_start, document
 from diagnoser.config import Settings
 from diagnoser.diagnosis.escalation import AGREEMENT_BUCKETS, Escalator
 from diagnoser.diagnosis.flow import DiagnosisFlow
@@ -233,6 +247,12 @@ def _connect(
     )
 
 
+async def _gate(settings: Settings, sessions: Sessions) -> Gate:
+    """Refuse to run open off loopback; warn loudly when running open on it."""
+    await check_start(settings, sessions)
+    return Gate(settings.auth, settings.host, sessions)
+
+
 def create_app(settings: Settings) -> FastAPI:
     database = parse_database_url(settings.database_url)
     metrics = Metrics()
@@ -244,6 +264,7 @@ def create_app(settings: Settings) -> FastAPI:
             # replicas, so there migration is the explicit `diagnoser migrate` step.
             await anyio.to_thread.run_sync(upgrade, database)
         engine, redis, sessions = _connect(settings, database)
+        app.state.gate = await _gate(settings, sessions)
         registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
         reloader = RuleReloader(registry)
         stage = DiagnosisStage(
@@ -316,9 +337,17 @@ def create_app(settings: Settings) -> FastAPI:
         version=__version__,
         summary="Log diagnosis for GPU training clusters: ingest, rules, LLM, recovery actions.",
         lifespan=lifespan,
+        dependencies=[Depends(authorize)],  # the one route -> role table: diagnoser/auth/roles.py
+        middleware=[Middleware(limits.LimitsMiddleware, limits=settings.limits)],
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
-    errors.install(app)
-    for module in (health, logs, jobs, compression, rules, diagnoses, nodes, actions):
-        app.include_router(module.router)
+    _install_routes(app, settings)
     return app
+
+
+def _install_routes(app: FastAPI, settings: Settings) -> None:
+    """The routers, the error bodies, and what the document says about authentication."""
+    errors.install(app)
+    document(app, settings.auth)
+    for module in (health, logs, jobs, compression, rules, diagnoses, nodes, actions, access):
+        app.include_router(module.router, responses=errors.responses(401, 403))

@@ -125,9 +125,8 @@ def serve(
 ) -> None:
     """Run the HTTP service (embedded SQLite by default; no Redis or LLM needed).
 
-    Unauthenticated (no auth yet): anyone who reaches the port can post logs and read diagnoses.
-
-    Listen on loopback or a trusted network, or put an authenticating proxy in front.
+    Requests need a bearer token (`diagnoser token create`) once one exists. With none, the
+    service runs open on loopback only, and refuses to start on any other address.
     """
     import uvicorn
 
@@ -142,6 +141,7 @@ def serve(
         ensure_writable_dir(database.sqlite_path.parent)
     ensure_port_free(settings.host, settings.port)
     _load_rules(settings.rules_dir)  # a broken pack stops here, with the reason, not mid-start
+    _check_auth(settings, database)
     err.print(
         f"diagnoser {__version__} on http://{settings.host}:{settings.port} "
         f"(database {database.redacted()})",
@@ -157,6 +157,8 @@ def serve(
         log_level=settings.log_level,
         log_config=log_config(settings.log_level),
         timeout_graceful_shutdown=10,
+        timeout_keep_alive=settings.limits.keep_alive_s,
+        limit_concurrency=settings.limits.max_connections,
     )
 
 
@@ -177,6 +179,17 @@ def migrate(data_dir: DataDirOption = None, database_url: DatabaseUrlOption = No
         first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise fail(f"cannot reach database {database.redacted()}: {first}") from exc
     err.print(f"database {database.redacted()} is at revision {head_revision()}", markup=False)
+
+
+def _check_auth(settings: Settings, database: DatabaseUrl) -> None:
+    """Refuse an open service off loopback here, with one line, rather than mid-start."""
+    from diagnoser.auth.roles import startup_problem
+    from diagnoser.auth.tokens import exist
+
+    fresh = database.sqlite_path is not None and not database.sqlite_path.exists()
+    problem = startup_problem(settings.auth, settings.host, False if fresh else exist(database))
+    if problem is not None:
+        raise fail(problem)
 
 
 def _stopped(signum: int, frame: object) -> None:
@@ -435,6 +448,7 @@ def plain_help(command: Any) -> Any:
 @functools.cache
 def command() -> Any:
     """The whole command line as one click command, built once (tests invoke it in process)."""
+    from diagnoser.auth.command import token_app
     from diagnoser.diagnosis.console import diagnoses_app
     from diagnoser.evaluation.command import evaluate
     from diagnoser.operator.command import operator
@@ -448,6 +462,7 @@ def command() -> Any:
     app.command("eval")(evaluate)
     app.command("operator")(operator)
     app.add_typer(diagnoses_app, name="diagnoses")
+    app.add_typer(token_app, name="token")
     return plain_help(typer.main.get_command(app))
 
 

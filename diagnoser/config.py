@@ -129,21 +129,35 @@ NOT_IMPLEMENTED = "not_implemented"
 
 
 class AuthSettings(BaseModel):
-    enabled: bool = False
-    """Reserved for role-based bearer-token auth, which is not built yet: the service is
-    unauthenticated. `true` is refused, so nobody believes a service is protected when it is not."""
+    """Bearer tokens by role: see docs/security.md."""
 
-    @field_validator("enabled")
-    @classmethod
-    def _refuse_enabled(cls, enabled: bool) -> bool:
-        if enabled:
-            raise PydanticCustomError(
-                NOT_IMPLEMENTED,
-                "authentication is not implemented yet: the service answers every request "
-                "unauthenticated; unset this variable and keep the service on a trusted network "
-                "or behind an authenticating proxy",
-            )
-        return enabled
+    enabled: bool | None = None
+    """Unset: protected as soon as a token exists; with none, open on loopback only (with a
+    warning) and refused on any other address. `true`: tokens required, so a start with none is
+    refused. `false`: open, which only a loopback address accepts."""
+    open_health: bool = True
+    """`/healthz` and `/readyz` answer without a token (load balancers and probes send none)."""
+    open_metrics: bool = True
+    """`/metrics` answers without a token (Prometheus scrapes send none by default)."""
+
+
+class LimitSettings(BaseModel):
+    """Caps on what one request may carry; each one answers a JSON error (docs/security.md)."""
+
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Bodies of every route but the log upload (which streams and has its own caps): 413."""
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)
+    """All request headers together: 431."""
+    max_query_bytes: int = Field(default=4096, ge=256)
+    """The query string: 414."""
+    max_json_depth: int = Field(default=32, ge=2, le=256)
+    """Nesting of a JSON body (arrays and objects): 400."""
+    max_json_items: int = Field(default=10_000, ge=1)
+    """Members of any one JSON array or object in such a body: 413."""
+    keep_alive_s: int = Field(default=5, ge=1)
+    """An idle keep-alive connection is closed after this long."""
+    max_connections: int = Field(default=4096, ge=1)
+    """Open connections at once; beyond it new requests get 503 (slow clients cannot pile up)."""
 
 
 class ActionSettings(BaseModel):
@@ -327,6 +341,7 @@ class Settings(BaseSettings):
     llm: LlmSettings = LlmSettings()
     ingest: IngestSettings = IngestSettings()
     auth: AuthSettings = AuthSettings()
+    limits: LimitSettings = LimitSettings()
     actions: ActionSettings = ActionSettings()
     hang: HangSettings = HangSettings()
     signals: SignalSettings = SignalSettings()

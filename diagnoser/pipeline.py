@@ -22,6 +22,8 @@ class StreamKey:
     stream: str
     node: str
     rank: int | None
+    attested: bool = field(default=False, compare=False)
+    """Sent with a token bound to `node`: hosts the lines name are taken to be `node`."""
 
 
 class Stage(Protocol):

@@ -166,6 +166,8 @@ class ServiceProcess:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     log: Path = field(default_factory=lambda: Path(tempfile.mkstemp(suffix=".log")[1]))
+    probe_headers: Mapping[str, str] = field(default_factory=dict)
+    """Sent with the start probe (a token, when /healthz is closed)."""
 
     @property
     def base_url(self) -> str:
@@ -184,7 +186,8 @@ class ServiceProcess:
         def alive() -> bool:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log.read_text()[-2000:]}")
-            return httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200
+            probe = httpx.get(f"{self.base_url}/healthz", headers=self.probe_headers, timeout=1)
+            return probe.status_code == 200
 
         try:
             wait_until(alive, START_TIMEOUT_S, "diagnoser serve")

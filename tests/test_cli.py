@@ -138,7 +138,7 @@ def test_error_lines_and_rule_tests_print_text_as_written(tmp_path: Path) -> Non
 HELP_COMMANDS = [
     (), ("serve",), ("migrate",), ("diagnose",), ("ship",), ("run",), ("eval",),
     ("rules", "check"), ("rules", "test"), ("diagnoses", "list"), ("diagnoses", "show"),
-    ("diagnoses", "watch"),
+    ("diagnoses", "watch"), ("token", "create"), ("token", "list"), ("token", "revoke"),
 ]  # fmt: skip
 
 

@@ -232,10 +232,10 @@ def test_the_rule_pack_is_mounted_where_the_image_looks_for_it() -> None:
     assert ["rules", rules_dir] in copies  # without the mount, the image still has the pack
 
 
-def test_compose_says_the_service_is_unauthenticated() -> None:
+def test_compose_says_how_to_create_the_first_token() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
     header = text.split("services:", 1)[0]
-    assert "UNAUTHENTICATED: the service has no authentication yet" in header
+    assert "docker compose run --rm api token create --role admin" in header
     api = compose()["services"]["api"]
     assert all(port.startswith("127.0.0.1:") for port in api["ports"])
 

@@ -14,6 +14,8 @@ from sqlalchemy import select
 
 from diagnoser.api.deps import JobId, ResourcesDep
 from diagnoser.api.errors import ApiError, responses
+from diagnoser.auth.audit import record
+from diagnoser.auth.roles import PrincipalDep
 from diagnoser.ingest.schemas import MAX_NAME_LENGTH
 from diagnoser.store.filters import DISABLED_BY_API
 from diagnoser.store.models import FilterRow
@@ -166,7 +168,7 @@ async def list_filters(
 
 @router.patch("/filters/{filter_id}", response_model=FilterOut, responses=responses(400, 404))
 async def patch_filter(
-    filter_id: FilterId, patch: FilterPatch, resources: ResourcesDep
+    filter_id: FilterId, patch: FilterPatch, resources: ResourcesDep, principal: PrincipalDep
 ) -> FilterOut:
     """Enable or disable one filter: its lines are kept again (or dropped) from the next batch."""
     async with resources.sessions.begin() as session:
@@ -177,6 +179,8 @@ async def patch_filter(
             row.enabled = patch.enabled
             row.disabled_reason = None if patch.enabled else DISABLED_BY_API
             row.version += 1
+        verb = "filter.enable" if patch.enabled else "filter.disable"
+        record(session, principal.actor, verb, str(filter_id), {"pattern": row.pattern})
         await session.flush()
         await session.refresh(row)
         out = FilterOut.model_validate(row)

@@ -21,6 +21,8 @@ from diagnoser.api.deps import (
     SinceQuery,
 )
 from diagnoser.api.errors import ApiError, responses
+from diagnoser.auth.audit import record
+from diagnoser.auth.roles import PrincipalDep
 from diagnoser.diagnosis.correlate import Source
 from diagnoser.diagnosis.schemas import (
     DiagnosisPage,
@@ -151,7 +153,10 @@ async def list_feedback(diagnosis_id: DiagnosisId, resources: ResourcesDep) -> l
     responses=responses(400, 404),
 )
 async def post_feedback(
-    diagnosis_id: DiagnosisId, feedback: FeedbackIn, resources: ResourcesDep
+    diagnosis_id: DiagnosisId,
+    feedback: FeedbackIn,
+    resources: ResourcesDep,
+    principal: PrincipalDep,
 ) -> FeedbackRow:
     """Confirm, override (category and/or action), dismiss or resolve; every verdict is kept.
 
@@ -186,6 +191,13 @@ async def post_feedback(
             comment=feedback.comment,
         )
         session.add(entry)
+        record(
+            session,
+            principal.actor,
+            f"feedback.{feedback.kind.value}",
+            diagnosis_id,
+            {"author": feedback.author, "category": entry.category, "action": entry.action},
+        )
         await session.flush()
         await session.refresh(entry)
     resources.hub.publish(DiagnosisView.model_validate(row))

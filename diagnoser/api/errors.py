@@ -21,15 +21,19 @@ STATUS_CODES = {
     408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
+    414: "uri_too_long",
     415: "unsupported_media_type",
     422: "invalid_request",
     429: "too_many_requests",
+    431: "request_header_fields_too_large",
     503: "unavailable",
 }
 
 
 DESCRIPTIONS = {
     400: "The body is not valid JSON (or nested too deeply)",
+    401: "No valid bearer token (missing, unknown, revoked or expired)",
+    403: "The token's role or binding does not allow this",
     404: "No such resource",
     408: "The body stopped arriving; what came is committed (`next_offset`)",
     409: "Conflict with the stored state",

@@ -11,6 +11,7 @@ from sqlalchemy import and_, or_, select
 
 from diagnoser.api.deps import CursorQuery, JobId, ResourcesDep
 from diagnoser.api.errors import ApiError, responses
+from diagnoser.auth.roles import PrincipalDep
 from diagnoser.diagnosis.hang import LifecycleEvent
 from diagnoser.ingest.events import signal_name
 from diagnoser.ingest.records import parse_time
@@ -119,8 +120,14 @@ async def put_job(job_id: JobId, metadata: JobMetadata, resources: ResourcesDep)
 @router.post(
     "/{job_id}/events", response_model=JobEventOut, status_code=201, responses=responses(400)
 )
-async def post_event(job_id: JobId, event: JobEventIn, resources: ResourcesDep) -> JobEventRow:
+async def post_event(
+    job_id: JobId, event: JobEventIn, resources: ResourcesDep, principal: PrincipalDep
+) -> JobEventRow:
     """Lifecycle: `started`, `heartbeat`, `exited` (exit codes and signals are evidence)."""
+    if problem := principal.binding.node_problem(event.node):
+        raise ApiError(403, "forbidden", problem)
+    if principal.binding.node is not None:
+        event = event.model_copy(update={"node": principal.binding.node})
     if isinstance(event.ts, datetime):
         ts = event.ts if event.ts.tzinfo else event.ts.replace(tzinfo=UTC)
     elif event.ts is not None and (epoch := parse_time(event.ts)) is not None:

@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from diagnoser.api.deps import JobId, Resources, ResourcesDep
 from diagnoser.api.errors import RETRY_AFTER, ApiError, OffsetGapBody, TimeoutBody, responses
+from diagnoser.auth.roles import PrincipalDep
 from diagnoser.ingest.records import (
     Record,
     RecordError,
@@ -187,6 +188,7 @@ async def post_logs(
     job_id: JobId,
     request: Request,
     resources: ResourcesDep,
+    principal: PrincipalDep,
     node: NodeQuery,
     rank: RankQuery = None,
     stream: StreamQuery = None,
@@ -222,7 +224,8 @@ async def post_logs(
             # Before the batch reaches the compression stage: the family's stored filters
             # compress the job from its first line (as after `PUT /v1/jobs/{id}`).
             await resources.filters.prepare(job_id, metadata["family"])
-        key = StreamKey(job_id, stream or default_stream_id(node, rank), node, rank)
+        attested = principal.binding.node is not None  # node, job and stream checked already
+        key = StreamKey(job_id, stream or default_stream_id(node, rank), node, rank, attested)
         if media_type in RAW_TYPES:
             chunks: AsyncIterator[bytes] = request.stream()
             if _gzip_encoded(request):
@@ -237,6 +240,9 @@ async def post_logs(
                 records = parse(body)
             except RecordError as exc:
                 raise ApiError(422, "invalid_request", str(exc)) from exc
+            named = next((r.node for r in records if principal.binding.node_problem(r.node)), None)
+            if named is not None:
+                raise ApiError(403, "forbidden", str(principal.binding.node_problem(named)))
             outcome = await _write_records(resources, key, records, offset, metadata)
             empty = not records
     finally:
@@ -273,7 +279,7 @@ async def _write_records(
     own, own_times = _records_as_bytes(groups.pop((key.node, key.rank), []), received)
     outcome = await _write(resources, key, _one(own), offset, metadata, own_times)
     for (node, rank), group in groups.items():
-        other = StreamKey(key.job_id, default_stream_id(node, rank), node, rank)
+        other = StreamKey(key.job_id, default_stream_id(node, rank), node, rank, key.attested)
         body, times = _records_as_bytes(group, received)
         extra = await _write(resources, other, _one(body), None, metadata, times)
         outcome.lines_accepted += extra.lines_accepted

@@ -12,6 +12,8 @@ from pydantic import BaseModel
 
 from diagnoser.api.deps import Resources, ResourcesDep
 from diagnoser.api.errors import ApiError, ErrorBody, responses
+from diagnoser.auth.audit import log_change
+from diagnoser.auth.roles import PrincipalDep
 from diagnoser.llm.suggestions import Suggestion, Withheld, rule_id, suggest
 from diagnoser.rules import RuleLoadError
 from diagnoser.rules.learned import LEARNED_FILE, add_rule, snippet
@@ -85,7 +87,7 @@ async def get_rules(resources: ResourcesDep) -> RuleSetView:
     response_model=RuleSetView,
     responses={422: {"model": RulesRejectedBody, "description": "rejected; the active set stays"}},
 )
-async def reload_rules(resources: ResourcesDep) -> RuleSetView:
+async def reload_rules(resources: ResourcesDep, principal: PrincipalDep) -> RuleSetView:
     """Validate the rule files again; on any problem the active set stays and 422 says why."""
     try:
         await resources.reloader.reload()
@@ -96,6 +98,8 @@ async def reload_rules(resources: ResourcesDep) -> RuleSetView:
             f"rule files rejected; digest {resources.reloader.registry.digest} stays active",
             problems=[str(problem) for problem in exc.problems],
         ) from exc
+    digest = resources.reloader.registry.digest
+    await log_change(resources.sessions, principal.actor, "rules.reload", digest)
     return _view(resources)
 
 
@@ -193,7 +197,9 @@ async def list_suggestions(resources: ResourcesDep) -> SuggestionsView:
         },
     ),
 )
-async def accept_suggestion(suggestion_id: SuggestionId, resources: ResourcesDep) -> AcceptedView:
+async def accept_suggestion(
+    suggestion_id: SuggestionId, resources: ResourcesDep, principal: PrincipalDep
+) -> AcceptedView:
     """A person enables a suggested rule: it is written to the rule directory's learned file
     (validated with the whole pack first) and the pack is reloaded, as POST /v1/rules/reload."""
     registry = resources.reloader.registry
@@ -216,7 +222,14 @@ async def accept_suggestion(suggestion_id: SuggestionId, resources: ResourcesDep
         raise ApiError(
             409, "rules_dir_not_writable", f"cannot write {LEARNED_FILE}: {exc.strerror}"
         ) from exc
-    await reload_rules(resources)
+    await log_change(
+        resources.sessions,
+        principal.actor,
+        "suggestion.accept",
+        suggestion.rule.id,
+        {"suggestion": suggestion_id, "pattern": suggestion.rule.patterns[0]},
+    )
+    await reload_rules(resources, principal)
     return AcceptedView(
         suggestion=_suggestion_view(suggestion), file=LEARNED_FILE, rules=_view(resources)
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from diagnoser.diagnosis import hang
 from diagnoser.diagnosis.correlate import Status, Verdict, correlate
@@ -51,6 +51,15 @@ def verdict_key(verdict: Verdict) -> tuple[object, ...]:
         verdict.rule_ids,
         verdict.affected_ranks,
     )
+
+
+def _attested(event: RuleEvent, node: str) -> RuleEvent:
+    """An event from a stream whose node a bound token vouches for: a host its text names
+    (`srun: error: node-7: ...`, torchrun's failure block) is the stream's own node, so a
+    compromised node can implicate no one but itself."""
+    if event.entities.get("host", node) == node:
+        return event
+    return replace(event, entities={**event.entities, "host": node})
 
 
 def event_key(event: RuleEvent) -> tuple[str, str, int | None]:
@@ -183,6 +192,8 @@ class DiagnosisStage:
         if batch.lines:
             self._observe_time(state, key.node, batch, now, step)
         events = state.scanner.feed(key.node, key.rank, batch, now)
+        if key.attested:
+            events = [_attested(event, key.node) for event in events]
         raised = state.signals.feed(key.node, key.rank, batch, now)
         if raised:
             events = [*events, *unexplained(raised, events)]

@@ -69,7 +69,11 @@ def read_dir(directory: Path) -> tuple[list[tuple[str, RuleFile]], list[Problem]
         return [], [Problem(str(directory), None, "not a directory")]
     files: list[tuple[str, RuleFile]] = []
     problems: list[Problem] = []
+    root = directory.resolve()
     for path in sorted(directory.glob("*.yaml")):
+        if not path.resolve().is_relative_to(root) or not path.is_file():
+            problems.append(Problem(path.name, None, "not a file inside the rule directory"))
+            continue
         rule_file, file_problems = read_file(path)
         problems.extend(file_problems)
         if rule_file is not None:

@@ -11,6 +11,7 @@ import regex
 from diagnoser.rules import anchors as anchor_derivation
 from diagnoser.rules import prefilter as prefilters
 from diagnoser.rules.assembly import HEADLESS_ANCHORS, TRIGGERS
+from diagnoser.rules.backtracking import too_slow
 from diagnoser.rules.problems import Problem, RuleLoadError
 from diagnoser.rules.schema import EXCEPTION_TEMPLATE, FAILURE_TYPES, Rule, RuleFile, Unit
 
@@ -72,7 +73,7 @@ class RuleSet:
                     continue
                 seen[spec.id] = file
                 rule = _compile(spec, file, len(compiled), problems)
-                if rule is not None:
+                if rule is not None and not _backtracks(rule, file, timeout, problems):
                     compiled.append(rule)
         for rule in compiled:
             problems.extend(_check_relations(rule, seen))
@@ -178,6 +179,22 @@ def _compile(spec: Rule, file: str, index: int, problems: list[Problem]) -> Comp
         anchors=frozenset(literals),
         caseless=caseless,
     )
+
+
+def _backtracks(rule: CompiledRule, file: str, timeout: float, problems: list[Problem]) -> bool:
+    """A pattern that blows up on adversarial input is a load problem (rule files are edited
+    at runtime; see diagnoser/rules/backtracking.py)."""
+    slow = [
+        p.pattern
+        for p in (*rule.patterns, *rule.requires)
+        if too_slow(p, rule.spec.examples.match, timeout)
+    ]
+    for source in slow:
+        problems.append(
+            Problem(file, rule.id, f"pattern {source!r} backtracks catastrophically: over "
+                    f"{timeout}s on adversarial input; make its repeats unambiguous")
+        )  # fmt: skip
+    return bool(slow)
 
 
 def _check_relations(rule: CompiledRule, known: dict[str, str]) -> list[Problem]:

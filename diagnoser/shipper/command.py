@@ -3,8 +3,8 @@
 Exit codes: 0 done (or stopped by SIGINT/SIGTERM after finishing the in-flight request);
 1 the server rejected the upload for good, or the file could not be read mid-way;
 2 bad usage: unparsable or unreachable server URL, missing or unreadable file, wrong endpoint;
-3 authentication refused (401/403: by a proxy in front, since the service itself has no
-authentication yet); 130 a second interrupt, which does not wait.
+3 authentication refused (401: no valid token; 403: the token's role or node binding does not
+allow this stream); 130 a second interrupt, which does not wait.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ TokenOption = Annotated[
         "--token",
         envvar="DIAGNOSER_TOKEN",
         help=(
-            "Bearer token, sent as 'Authorization: Bearer'. The diagnoser service has no "
-            "authentication yet and ignores it; an authenticating proxy in front may check it."
+            "Bearer token (an ingest token from `diagnoser token create --role ingest`), sent "
+            "as 'Authorization: Bearer'; the environment keeps it out of `ps`."
         ),
         show_default=False,
     ),

@@ -296,3 +296,38 @@ class EscalationRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
+
+
+class ApiTokenRow(Base):
+    """A bearer token (diagnoser/auth/tokens.py): its sha256 digest, never the token itself.
+
+    `node` and `jobs` bind an ingest token: it posts only for that node, for jobs whose id
+    matches the glob `jobs`. Revoked and expired rows stay, for the audit trail.
+    """
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    node: Mapped[str | None] = mapped_column(String(253))
+    jobs: Mapped[str | None] = mapped_column(String(253))
+    description: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(253))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class AuditEntryRow(Base):
+    """Who (a token id, `cli:<user>`, or `open` when the service runs without tokens) changed
+    what, and when: admin changes and action state changes (diagnoser/auth/audit.py)."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(253))
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    subject: Mapped[str] = mapped_column(String(512))
+    detail: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)

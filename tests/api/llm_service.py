@@ -54,18 +54,25 @@ def diagnose(service: ServiceProcess, job: str, node: str, text: str) -> str:
     return str(diagnoses[0])
 
 
-def diagnosis(service: ServiceProcess, diagnosis_id: str) -> dict[str, Any]:
+def diagnosis(
+    service: ServiceProcess, diagnosis_id: str, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     body: dict[str, Any] = httpx.get(
-        f"{service.base_url}/v1/diagnoses/{diagnosis_id}", timeout=5
+        f"{service.base_url}/v1/diagnoses/{diagnosis_id}", timeout=5, headers=headers
     ).json()
     return body
 
 
-def wait_for_llm(service: ServiceProcess, diagnosis_id: str, timeout: float = 30) -> dict[str, Any]:
+def wait_for_llm(
+    service: ServiceProcess,
+    diagnosis_id: str,
+    timeout: float = 30,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """The diagnosis once the LLM stage has recorded its vote on it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        body = diagnosis(service, diagnosis_id)
+        body = diagnosis(service, diagnosis_id, headers)
         if body.get("llm"):
             return body
         time.sleep(0.2)

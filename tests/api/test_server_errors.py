@@ -12,13 +12,17 @@ import pytest
 import uvicorn
 
 from diagnoser.app import create_app
+from diagnoser.auth.roles import POLICY, READ
 from diagnoser.config import Settings
 from tests.servers import free_port, wait_until
 
 
 @pytest.fixture(params=["h11", "httptools"])
-def failing_service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[int]:
+def failing_service(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[int]:
     """The service's app with one route that fails as a bug would; yields its port."""
+    monkeypatch.setitem(POLICY, ("GET", "/v1/fail"), READ)  # a route needs an access rule
     app = create_app(Settings(data_dir=tmp_path, rules_watch=False))
 
     async def fail() -> None:

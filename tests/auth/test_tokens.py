@@ -1,0 +1,129 @@
+"""Tokens over their life: stored as digests, refused once expired or revoked, every admin
+change in the audit log."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.orm import Session
+
+from diagnoser.auth import tokens
+from diagnoser.auth.tokens import Rejection, Role
+from diagnoser.store.database import create_sync_engine, parse_database_url
+from diagnoser.store.migrate import upgrade
+from diagnoser.store.models import utcnow
+from tests.auth.issuing import Token, create_token
+from tests.servers import ServiceProcess, run_diagnoser
+
+
+def test_only_a_digest_is_stored_and_the_check_is_exact(tmp_path: Path) -> None:
+    database = parse_database_url(f"sqlite:///{tmp_path / 'diagnoser.db'}")
+    upgrade(database)
+    with Session(create_sync_engine(database)) as session, session.begin():
+        issued = tokens.issue(session, Role.READ)
+        raw = issued.raw
+        assert tokens.verify(session, raw) is issued.row
+        assert tokens.verify(session, raw[:-1] + ("A" if raw[-1] != "A" else "B")) is (
+            Rejection.UNKNOWN
+        )
+        assert tokens.verify(session, "Bearer") is Rejection.MALFORMED
+        assert tokens.verify(session, raw, utcnow() + timedelta(days=1)) is issued.row
+    dump = "\n".join(sqlite3.connect(tmp_path / "diagnoser.db").iterdump())
+    secret = raw.split("_", 2)[2]
+    assert secret not in dump
+    assert tokens.digest(secret) in dump
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def admin(data_dir: Path) -> Token:
+    return create_token(data_dir, "admin")
+
+
+@pytest.fixture
+def service(data_dir: Path, admin: Token) -> Iterator[ServiceProcess]:
+    process = ServiceProcess(env={"DIAGNOSER_DATA_DIR": str(data_dir)})
+    process.start()
+    yield process
+    process.stop()
+
+
+def test_an_expired_token_is_refused(service: ServiceProcess, data_dir: Path) -> None:
+    database = parse_database_url(f"sqlite:///{data_dir / 'diagnoser.db'}")
+    with Session(create_sync_engine(database)) as session, session.begin():
+        expired = tokens.issue(session, Role.READ, expires_at=utcnow() - timedelta(seconds=1))
+        live = tokens.issue(session, Role.READ, expires_at=utcnow() + timedelta(days=30))
+    url = f"{service.base_url}/v1/jobs"
+    refused = httpx.get(url, headers={"Authorization": f"Bearer {expired.raw}"})
+    assert refused.status_code == 401
+    assert refused.json()["detail"] == "the bearer token has expired"
+    assert httpx.get(url, headers={"Authorization": f"Bearer {live.raw}"}).status_code == 200
+
+
+def test_a_revoked_token_is_refused_from_the_next_request(
+    service: ServiceProcess, data_dir: Path
+) -> None:
+    reader = create_token(data_dir, "read", "--expires", "30d")
+    url = f"{service.base_url}/v1/jobs"
+    assert httpx.get(url, headers=reader.headers).status_code == 200
+    result = run_diagnoser("token", "revoke", reader.id, "--data-dir", str(data_dir))
+    assert result.returncode == 0, result.stderr
+    refused = httpx.get(url, headers=reader.headers)
+    assert refused.status_code == 401
+    assert refused.json()["detail"] == "the bearer token was revoked"
+    listed = run_diagnoser("token", "list", "--json", "--data-dir", str(data_dir))
+    rows = {row["id"]: row for row in json.loads(listed.stdout)}
+    assert rows[reader.id]["revoked_at"] is not None
+    assert rows[reader.id]["expires_at"] is not None
+    assert reader.raw not in listed.stdout
+
+
+def test_admin_changes_are_audited_with_the_token_that_made_them(
+    service: ServiceProcess, admin: Token
+) -> None:
+    base = service.base_url
+    assert httpx.post(f"{base}/v1/rules/reload", headers=admin.headers).status_code == 200
+    created = httpx.post(
+        f"{base}/v1/tokens",
+        json={"role": "ingest", "node": "node-a", "jobs": "train-*", "expires_in_s": 3600},
+        headers=admin.headers,
+    )
+    assert created.status_code == 201, created.text
+    new = created.json()
+    assert new["token"].startswith("dgn_")
+    revoked = httpx.delete(f"{base}/v1/tokens/{new['id']}", headers=admin.headers)
+    assert revoked.status_code == 200
+    assert revoked.json()["revoked_at"] is not None
+    page = httpx.get(f"{base}/v1/audit", headers=admin.headers).json()
+    seen = [(e["actor"], e["action"], e["subject"]) for e in page["entries"]]
+    assert seen[:3] == [
+        (admin.id, "token.revoke", new["id"]),
+        (admin.id, "token.create", new["id"]),
+        (admin.id, "rules.reload", seen[2][2]),
+    ]
+    assert seen[-1][1] == "token.create"  # the admin token itself, made on the command line
+    assert seen[-1][0].startswith("cli")
+    assert "token" not in json.dumps(page["entries"][1]["detail"])
+
+
+def test_only_ingest_tokens_are_bound(
+    service: ServiceProcess, admin: Token, data_dir: Path
+) -> None:
+    refused = httpx.post(
+        f"{service.base_url}/v1/tokens", json={"role": "read", "node": "n1"}, headers=admin.headers
+    )
+    assert refused.status_code == 422
+    cli = run_diagnoser("token", "create", "--role", "read", "--node", "n1", "--data-dir",
+                        str(data_dir))  # fmt: skip
+    assert cli.returncode == 2
+    assert "bind ingest tokens only" in cli.stderr
