@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import ServiceProcess, free_port, run_diagnoser
+from tests.servers import ServiceProcess, run_diagnoser
 
 
 def diagnoser(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

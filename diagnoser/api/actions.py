@@ -28,6 +28,8 @@ from diagnoser.actions.kinds import (
 from diagnoser.actions.policy import PolicyConfig
 from diagnoser.api.deps import CursorQuery, JobId, NameFilter, NodePath, Resources, ResourcesDep
 from diagnoser.api.errors import ApiError, responses
+from diagnoser.auth.audit import record
+from diagnoser.auth.roles import PrincipalDep
 from diagnoser.store import actions as outbox
 from diagnoser.store.cursor import CursorError
 from diagnoser.store.models import ActionRow, utcnow
@@ -49,9 +51,9 @@ def _view(row: ActionRow) -> ActionView:
     return ActionView.model_validate(row)
 
 
-async def _claim_once(resources: Resources, body: ClaimIn) -> list[ActionRow]:
+async def _claim_once(resources: Resources, body: ClaimIn, actor: str) -> list[ActionRow]:
     async with resources.sessions.begin() as session:
-        return await outbox.claim(
+        rows = await outbox.claim(
             session,
             body.operator_id,
             body.kinds,
@@ -60,6 +62,9 @@ async def _claim_once(resources: Resources, body: ClaimIn) -> list[ActionRow]:
             resources.settings.actions.max_attempts,
             skip_locked=resources.database.backend == "postgresql",
         )
+        for row in rows:
+            record(session, actor, "action.claim", str(row.id), {"operator_id": body.operator_id})
+        return rows
 
 
 @router.post(
@@ -67,7 +72,9 @@ async def _claim_once(resources: Resources, body: ClaimIn) -> list[ActionRow]:
     response_model=ClaimOut,
     responses=responses(400, 422),
 )
-async def claim_actions(body: ClaimIn, resources: ResourcesDep) -> ClaimOut:
+async def claim_actions(
+    body: ClaimIn, resources: ResourcesDep, principal: PrincipalDep
+) -> ClaimOut:
     """Lease up to `max` claimable actions (oldest first), waiting up to `wait_seconds` for one.
 
     An action whose lease ran out is claimable again: complete it with the idempotency key in
@@ -76,7 +83,7 @@ async def claim_actions(body: ClaimIn, resources: ResourcesDep) -> ClaimOut:
     deadline = loop.time() + min(body.wait_seconds, resources.settings.actions.claim_max_wait_s)
     while True:
         ticket = resources.action_wake.ticket()
-        rows = await _claim_once(resources, body)
+        rows = await _claim_once(resources, body, principal.actor)
         left = deadline - loop.time()
         if rows or left <= 0:
             break
@@ -94,7 +101,7 @@ async def claim_actions(body: ClaimIn, resources: ResourcesDep) -> ClaimOut:
     responses=responses(400, 404, 409, 422, described=DESCRIBED),
 )
 async def complete_action(
-    action_id: ActionId, body: CompleteIn, resources: ResourcesDep
+    action_id: ActionId, body: CompleteIn, resources: ResourcesDep, principal: PrincipalDep
 ) -> ActionView:
     """Done or failed. The same completion again answers the same action (idempotent)."""
     try:
@@ -108,6 +115,9 @@ async def complete_action(
                 body.result,
                 policy(resources),
             )
+            if not done.repeated:
+                detail = {"operator_id": body.operator_id, "status": body.status}
+                record(session, principal.actor, "action.complete", str(action_id), detail)
             view = _view(done.action)
     except outbox.ActionNotFoundError as exc:
         raise ApiError(404, "not_found", f"no action {action_id}") from exc
@@ -213,17 +223,24 @@ async def get_action(action_id: ActionId, resources: ResourcesDep) -> ActionView
 
 
 async def _opt_out(
-    resources: Resources, scope: Literal["node", "job"], name: str, body: OptOutIn | None
+    resources: Resources,
+    scope: Literal["node", "job"],
+    name: str,
+    body: OptOutIn | None,
+    actor: str,
 ) -> OptOutView:
     body = body or OptOutIn()
     async with resources.sessions.begin() as session:
         row = await outbox.set_opt_out(session, scope, name, body.reason, body.author)
+        record(session, actor, f"optout.{scope}.set", name, {"reason": body.reason})
         return OptOutView.model_validate(row)
 
 
-async def _opt_in(resources: Resources, scope: str, name: str) -> Response:
+async def _opt_in(resources: Resources, scope: str, name: str, actor: str) -> Response:
     async with resources.sessions.begin() as session:
         found = await outbox.clear_opt_out(session, scope, name)
+        if found:
+            record(session, actor, f"optout.{scope}.clear", name)
     if not found:
         raise ApiError(404, "not_found", f"{scope} {name!r} has not opted out")
     return Response(status_code=204)
@@ -236,10 +253,10 @@ async def _opt_in(resources: Resources, scope: str, name: str) -> Response:
     tags=["nodes"],
 )
 async def opt_out_node(
-    node: NodePath, resources: ResourcesDep, body: OptOutIn | None = None
+    node: NodePath, resources: ResourcesDep, principal: PrincipalDep, body: OptOutIn | None = None
 ) -> OptOutView:
     """No cordon of this node until the opt-out is deleted (undo and notify still run)."""
-    return await _opt_out(resources, "node", node, body)
+    return await _opt_out(resources, "node", node, body, principal.actor)
 
 
 @router.delete(
@@ -249,8 +266,8 @@ async def opt_out_node(
     responses=responses(404, 422),
     tags=["nodes"],
 )
-async def opt_in_node(node: NodePath, resources: ResourcesDep) -> Response:
-    return await _opt_in(resources, "node", node)
+async def opt_in_node(node: NodePath, resources: ResourcesDep, principal: PrincipalDep) -> Response:
+    return await _opt_in(resources, "node", node, principal.actor)
 
 
 @router.put(
@@ -260,10 +277,10 @@ async def opt_in_node(node: NodePath, resources: ResourcesDep) -> Response:
     tags=["jobs"],
 )
 async def opt_out_job(
-    job_id: JobId, resources: ResourcesDep, body: OptOutIn | None = None
+    job_id: JobId, resources: ResourcesDep, principal: PrincipalDep, body: OptOutIn | None = None
 ) -> OptOutView:
     """No cordon, restart or verification for this job (people are still notified)."""
-    return await _opt_out(resources, "job", job_id, body)
+    return await _opt_out(resources, "job", job_id, body, principal.actor)
 
 
 @router.delete(
@@ -273,5 +290,5 @@ async def opt_out_job(
     responses=responses(404, 422),
     tags=["jobs"],
 )
-async def opt_in_job(job_id: JobId, resources: ResourcesDep) -> Response:
-    return await _opt_in(resources, "job", job_id)
+async def opt_in_job(job_id: JobId, resources: ResourcesDep, principal: PrincipalDep) -> Response:
+    return await _opt_in(resources, "job", job_id, principal.actor)

@@ -95,15 +95,12 @@ POLICY: dict[tuple[str, str], Access] = {
     ("DELETE", "/v1/tokens/{token_id}"): ADMIN,
     # recovery actions (issue 14): operators claim and complete, on-call watches
     ("POST", "/v1/actions/claim"): OPERATOR,
-    ("POST", "/v1/actions/{action_id}/complete"): OPERATOR,
-    ("POST", "/v1/actions/{action_id}/extend"): OPERATOR,
+    # (action ids route only as integers, so `/claim` and `/stream` are never read as ids)
+    ("POST", "/v1/actions/{action_id:int}/complete"): OPERATOR,
+    ("POST", "/v1/actions/{action_id:int}/extend"): OPERATOR,
     ("GET", "/v1/actions"): WATCH_ACTIONS,
     ("GET", "/v1/actions/stream"): WATCH_ACTIONS,
-    ("GET", "/v1/actions/{action_id}"): WATCH_ACTIONS,
-    # the same, should the actions router name its parameter `{id}` as the contract writes it
-    ("POST", "/v1/actions/{id}/complete"): OPERATOR,
-    ("POST", "/v1/actions/{id}/extend"): OPERATOR,
-    ("GET", "/v1/actions/{id}"): WATCH_ACTIONS,
+    ("GET", "/v1/actions/{action_id:int}"): WATCH_ACTIONS,
     ("PUT", "/v1/nodes/{node}/opt-out"): ADMIN,
     ("DELETE", "/v1/nodes/{node}/opt-out"): ADMIN,
     ("PUT", "/v1/jobs/{job_id}/opt-out"): ADMIN,

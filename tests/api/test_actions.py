@@ -88,6 +88,11 @@ def test_an_operator_claims_the_cordon_then_the_restart(service: ServiceProcess)
     assert [d["decision"] for d in shown["decisions"]] == ["released", "claimed", "done"]
     assert [a["kind"] for a in listed(service, job_id="train-1", state="done")] == ["cordon_node"]
     assert httpx.get(f"{service.base_url}/v1/actions/999999").status_code == 404
+    audit = httpx.get(f"{service.base_url}/v1/audit", params={"limit": 500}).json()["entries"]
+    completed = [e for e in audit if e["action"] == "action.complete"]
+    assert [e["subject"] for e in completed] == [str(cordon["id"])]  # once, not per repeat
+    assert completed[0]["detail"] == {"operator_id": "op-a", "status": "done"}
+    assert str(cordon["id"]) in {e["subject"] for e in audit if e["action"] == "action.claim"}
 
     # The diagnosis was wrong: on-call dismisses it, and the operator is asked to undo.
     dismissed = httpx.post(

@@ -26,7 +26,6 @@ SAMPLES = {
     "suggestion_id": "0123456789ab",
     "token_id": "0123456789ab",
     "action_id": "1",
-    "id": "1",
     "path": "favicon.png",
 }
 """A value for every path parameter a route may have (a missing one fails the test)."""
@@ -88,7 +87,8 @@ def service(tokens: dict[str, Token]) -> Iterator[ServiceProcess]:
 def _url(base_url: str, path: str) -> str:
     concrete = path
     for name, value in SAMPLES.items():
-        concrete = concrete.replace("{" + name + "}", value).replace("{" + name + ":path}", value)
+        for converter in ("", ":path", ":int"):
+            concrete = concrete.replace("{" + name + converter + "}", value)
     assert "{" not in concrete, f"no sample value for a parameter of {path}"
     if concrete == "/static-offline-docs":
         concrete += "/favicon.png"
