@@ -100,6 +100,13 @@ class NotifyTarget(BaseModel):
     culprit_nodes: list[str] = Field(default_factory=list)
     evidence: list[str] = Field(default_factory=list, max_length=MAX_EVIDENCE_LINES)
     """At most 20 lines, redacted as the LLM stage redacts them."""
+    family: str | None = None
+    """The job's family and namespace (its metadata): the notifier routes by them."""
+    namespace: str | None = None
+    action: str | None = None
+    """The diagnosis's recommended recovery (`cordon_node_and_restart`, ...)."""
+    resume_from_step: int | None = None
+    """The last checkpoint step, when known."""
 
 
 class VerifyTarget(BaseModel):

@@ -1,12 +1,12 @@
-"""The slice of the operator API's wire models that the notifier reads.
+"""The slice of the operator API's wire models that the notifier reads, as a client reads them.
 
-A stand-in for `diagnoser.actions.kinds` until that module lands: the field names are the
-contract's, so the integrator can swap the import. Unknown keys are ignored, because the
-service may add fields (adding is allowed, renaming is not).
+The notifier takes actions from the outbox in process or over HTTP (`api_queue.py`), so it reads
+them as any client of the API does: the contract's field names, unknown keys ignored (the
+service may add fields; adding is allowed, renaming is not). `diagnoser.actions.kinds` is the
+service's own, strict side of the same JSON.
 
-`NotifyTarget` extends the contract's `notify` target with optional `family`, `namespace`,
-`action` and `severity`, which routing and the PagerDuty severity use when the service fills
-them; without them the family is derived from the job id and the severity from the audience.
+The service fills the `notify` target's `family`, `namespace` and `action` from the job's
+metadata; `severity` is optional, else derived from the audience.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ class DiagnosisFacts:
     """Evidence lines, already redacted."""
     job_nodes: tuple[str, ...] = ()
     namespace: str | None = None
+    family: str | None = None
     workload_kind: str | None = None
     workload_name: str | None = None
     checkpoint_step: int | None = None
@@ -140,6 +141,10 @@ def notify(
         failure_type=facts.failure_type,
         culprit_nodes=list(facts.culprit_nodes),
         evidence=list(facts.evidence[:MAX_EVIDENCE_LINES]),
+        family=facts.family,
+        namespace=facts.namespace,
+        action=facts.action,
+        resume_from_step=facts.checkpoint_step,
     )
     return PlannedAction(
         key=key or f"notify:{audience.value}:{facts.id}",

@@ -92,6 +92,7 @@ async def facts_of(
         evidence=tuple(lines),
         job_nodes=tuple(sorted(set(nodes))),
         namespace=job.namespace if job else None,
+        family=job.family if job else None,
         workload_kind=job.kind if job else None,
         workload_name=job.name if job else None,
         checkpoint_step=int(step) if isinstance(step, int) else None,

@@ -81,6 +81,17 @@ def test_people_are_notified_with_their_audience(action: str, audience: Audience
     assert planned.target["evidence"] == ["line 1", "line 2"]
 
 
+def test_a_page_carries_what_the_notifier_routes_by() -> None:
+    """Destinations match on the job's family and namespace (docs/notify.md)."""
+    (planned,) = plan(
+        facts(action="notify_user", culprits=(), namespace="ml", family="llama", checkpoint_step=7)
+    )
+    assert planned.target["family"] == "llama"
+    assert planned.target["namespace"] == "ml"
+    assert planned.target["action"] == "notify_user"
+    assert planned.target["resume_from_step"] == 7
+
+
 def test_an_interconnect_failure_without_culprit_verifies_the_nodes_first() -> None:
     suspicion = facts(
         culprits=(), failure_type="nccl_timeout", job_nodes=("n1", "n0", "n2"), namespace="ml"
