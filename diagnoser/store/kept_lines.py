@@ -4,7 +4,7 @@ The compression stage tags each kept line and closed run (`first`, `guarded`, `n
 `run`, see `KeptLineRow`) and hands them over with count deltas (`CompressionStage.drain`).
 `KeptLineStore.flush` writes them in one transaction, off the ingest path (every few seconds,
 and for one job before a route reads it here), adds the deltas to `job_compression` (replicas
-add up), and prunes the middle: per stream only the newest `LAST_N` `last` lines stay, with the
+add up), and prunes the middle: per stream only the newest `last_n` `last` lines stay, with the
 runs between them; `first`, `guarded` and `novel` rows are never pruned. A failed flush puts
 its rows back for the next one.
 """
@@ -22,7 +22,7 @@ from diagnoser.store.database import Sessions
 from diagnoser.store.models import JobCompressionRow, KeptLineRow, utcnow
 from diagnoser.templates.compressor import JobLog, KeptLine, Run
 from diagnoser.templates.guard import GuardReason
-from diagnoser.templates.stage import GUARDED_CAP, LAST_N, CompressionStage, JobFlush
+from diagnoser.templates.stage import CompressionStage, JobFlush
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class KeptLineStore:
             if not flushes:
                 return
             try:
-                await self.sessions.run(lambda conn: write(conn, flushes))
+                await self.sessions.run(lambda conn: write(conn, flushes, self.stage.bounds.last_n))
             except BaseException:
                 self.stage.restore(flushes)
                 raise
@@ -96,7 +96,7 @@ class KeptLineStore:
                     select(KeptLineRow)
                     .where(KeptLineRow.job_id == job_id)
                     .order_by(KeptLineRow.line_no, KeptLineRow.id)
-                    .limit(limit + GUARDED_CAP)  # a storm's lines make one entry
+                    .limit(limit + self.stage.bounds.guarded_cap)  # a storm's lines make one entry
                 )
             )
         return _stored(counts, rows)
@@ -130,7 +130,7 @@ def _stored(counts: JobCompressionRow, rows: Sequence[KeptLineRow]) -> StoredLog
     return StoredLog(counts, out, templates, open_runs)
 
 
-def write(conn: Connection, flushes: Sequence[JobFlush]) -> None:
+def write(conn: Connection, flushes: Sequence[JobFlush], last_n: int) -> None:
     """One transaction: count deltas, new rows, and the pruned middle of the streams written."""
     table = COUNTS
     for f in flushes:
@@ -162,7 +162,7 @@ def write(conn: Connection, flushes: Sequence[JobFlush]) -> None:
                 ],
             )
         for stream in sorted(streams):
-            pruned = _prune_stream(conn, f, stream) or pruned
+            pruned = _prune_stream(conn, f, stream, last_n) or pruned
         if row is None:
             conn.execute(
                 insert(table).values(
@@ -197,8 +197,8 @@ def write(conn: Connection, flushes: Sequence[JobFlush]) -> None:
         )
 
 
-def _prune_stream(conn: Connection, f: JobFlush, stream: str) -> bool:
-    """Delete the stream's `last` lines and runs older than its newest `LAST_N` `last` lines
+def _prune_stream(conn: Connection, f: JobFlush, stream: str, last_n: int) -> bool:
+    """Delete the stream's `last` lines and runs older than its newest `last_n` `last` lines
     (and newer than its `first` ones); whether anything went."""
     t = LINES
     mine = (t.c.job_id == f.job_id) & (t.c.stream == stream)
@@ -206,7 +206,7 @@ def _prune_stream(conn: Connection, f: JobFlush, stream: str) -> bool:
         select(t.c.line_no)
         .where(mine, t.c.kind == "last")
         .order_by(t.c.line_no.desc())
-        .offset(LAST_N)
+        .offset(last_n)
         .limit(1)
     ).scalar()
     if cutoff is None:

@@ -46,6 +46,17 @@ _TEMPLATES_MAX = 10_000
 
 
 @dataclass(frozen=True, slots=True)
+class StoredBounds:
+    """How much of a job's compressed log the database keeps (see the constants)."""
+
+    first_n: int = FIRST_N
+    last_n: int = LAST_N
+    guarded_cap: int = GUARDED_CAP
+    novel_cap: int = NOVEL_CAP
+    outgoing_max: int = OUTGOING_MAX
+
+
+@dataclass(frozen=True, slots=True)
 class StoredEntry:
     """One row of `kept_lines`: a kept line (`first`, `guarded`, `novel`, `last`) or a run."""
 
@@ -107,12 +118,14 @@ class CompressionStage:
         max_jobs: int = MAX_JOBS,
         max_families: int = MAX_FAMILIES,
         max_entries: int = MAX_ENTRIES,
+        bounds: StoredBounds | None = None,
     ) -> None:
         self.registry = registry
         self.config = config or CompressorConfig()
         self.max_jobs = max_jobs
         self.max_families = max_families
         self.max_entries = max_entries
+        self.bounds = bounds or StoredBounds()
         self.families: OrderedDict[str, Compressor] = OrderedDict()
         self.jobs: OrderedDict[str, JobCompression] = OrderedDict()
         self._family_of_job: dict[str, str] = {}
@@ -185,6 +198,7 @@ class CompressionStage:
         """Tag the batch's kept lines and runs by why the database keeps them."""
         stream = key.stream
         miner = tally.job.compressor.miner
+        bounds = self.bounds
         for e in outbox:
             node: str | None
             rank: int | None
@@ -197,15 +211,15 @@ class CompressionStage:
                 node, rank, text, guarded, template = e.node, e.rank, e.text, None, None
                 if e.guarded is not None:
                     guarded = e.guarded.value
-                if guarded is not None and tally.guarded < GUARDED_CAP:
+                if guarded is not None and tally.guarded < bounds.guarded_cap:
                     kind = "guarded"
                     tally.guarded += 1
                     view = miner.get(e.template_id)
                     template = view.text if view is not None else None
-                elif tally.first[stream] < FIRST_N:
+                elif tally.first[stream] < bounds.first_n:
                     kind = "first"
                     tally.first[stream] += 1
-                elif e.template_id not in tally.templates and tally.novel < NOVEL_CAP:
+                elif e.template_id not in tally.templates and tally.novel < bounds.novel_cap:
                     kind = "novel"
                     tally.novel += 1
                 else:
@@ -221,8 +235,8 @@ class CompressionStage:
             )
             if kind in ("last", "run"):
                 tally.prunable += 1
-        if tally.prunable > OUTGOING_MAX:
-            drop = tally.prunable - OUTGOING_MAX // 2
+        if tally.prunable > bounds.outgoing_max:
+            drop = tally.prunable - bounds.outgoing_max // 2
             kept: list[StoredEntry] = []
             for entry in tally.entries:
                 if drop and entry.kind in ("last", "run"):
@@ -230,7 +244,7 @@ class CompressionStage:
                     continue
                 kept.append(entry)
             tally.entries = kept
-            tally.prunable = OUTGOING_MAX // 2
+            tally.prunable = bounds.outgoing_max // 2
             tally.pruned = True
 
     def drain(self, only: str | None = None) -> list[JobFlush]:
