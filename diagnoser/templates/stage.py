@@ -105,6 +105,9 @@ class _Tally:
     guarded: int = 0
     novel: int = 0
     templates: set[int] = field(default_factory=set)
+    carried_in: int = 0
+    """Unflushed lines of an earlier incarnation of the job (evicted, then sent again)."""
+    carried_kept: int = 0
 
 
 class CompressionStage:
@@ -169,7 +172,14 @@ class CompressionStage:
                 self.to_promote.add(family)
             job = self.jobs[job_id] = compressor.job(max_entries=self.max_entries, promote=False)
             job.log.outbox = []
-            self._tallies[job_id] = _Tally(job, family)
+            tally = _Tally(job, family)
+            old = self._tallies.get(job_id)
+            if old is not None:  # evicted, sent again before its last flush: keep what it had
+                tally.entries = old.entries
+                tally.prunable, tally.pruned, tally.dirty = old.prunable, old.pruned, old.dirty
+                tally.carried_in = old.carried_in + old.job.log.lines_in - old.lines_in
+                tally.carried_kept = old.carried_kept + old.job.log.lines_kept - old.lines_kept
+            self._tallies[job_id] = tally
             while len(self.jobs) > self.max_jobs:
                 evicted, _ = self.jobs.popitem(last=False)
                 self._family_of_job.pop(evicted, None)
@@ -280,8 +290,8 @@ class CompressionStage:
                     job_id,
                     tally.family,
                     tally.entries,
-                    log.lines_in - tally.lines_in,
-                    log.lines_kept - tally.lines_kept,
+                    log.lines_in - tally.lines_in + tally.carried_in,
+                    log.lines_kept - tally.lines_kept + tally.carried_kept,
                     filtered,
                     by_text,
                     runs,
@@ -292,6 +302,7 @@ class CompressionStage:
             tally.prunable = 0
             tally.pruned = False
             tally.dirty = False
+            tally.carried_in = tally.carried_kept = 0
             tally.lines_in = log.lines_in
             tally.lines_kept = log.lines_kept
             tally.filtered.update(filtered)
