@@ -59,6 +59,7 @@ from diagnoser.store.database import (
     parse_database_url,
 )
 from diagnoser.store.filters import FilterStore
+from diagnoser.store.kept_lines import KeptLineStore
 from diagnoser.store.migrate import head_revision, upgrade
 from diagnoser.templates.log_agent import LogAgent, LogAgentPrompt
 from diagnoser.templates.stage import CompressionStage
@@ -274,6 +275,7 @@ def create_app(settings: Settings) -> FastAPI:
         compression_stage = CompressionStage(registry)
         pipeline = Pipeline([counter, compression_stage, stage])
         filter_store = FilterStore(sessions, compression_stage)
+        kept_lines = KeptLineStore(sessions, compression_stage)
         hub = DiagnosisHub()
         metrics.diagnosis_watchers.set_function(lambda: hub.watchers)
         flow, publisher = _flow(settings, sessions, stage, hub, redis)
@@ -303,6 +305,7 @@ def create_app(settings: Settings) -> FastAPI:
             flow=flow,
             compression=compression_stage,
             filters=filter_store,
+            kept_lines=kept_lines,
             action_wake=publisher.wake,
         )
         stop_watching = anyio.Event()
@@ -314,6 +317,7 @@ def create_app(settings: Settings) -> FastAPI:
                     flow.watch_stalls, settings.hang.timeout_s, settings.hang.check_interval_s
                 )
                 background.start_soon(filter_store.watch, FILTER_SYNC_INTERVAL_S)
+                background.start_soon(kept_lines.watch, FILTER_SYNC_INTERVAL_S)
                 _start_workers(
                     background, settings, sessions, flow, publisher, llm, compression_stage
                 )

@@ -21,6 +21,7 @@ from diagnoser.pipeline import Pipeline
 from diagnoser.reload import RuleReloader
 from diagnoser.store.database import DatabaseUrl, Sessions
 from diagnoser.store.filters import FilterStore
+from diagnoser.store.kept_lines import KeptLineStore
 from diagnoser.templates.stage import CompressionStage
 
 
@@ -43,6 +44,8 @@ class Resources:
     compression: CompressionStage
     """The compression stage: each job's compressed log, its family's templates and filters."""
     filters: FilterStore
+    kept_lines: KeptLineStore
+    """Each job's compressed log and counts in the database: what every replica serves."""
     action_wake: ActionWake
     """Wakes claim long polls and the action stream when actions change in this process."""
 

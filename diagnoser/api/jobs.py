@@ -82,16 +82,16 @@ async def get_job(job_id: JobId, resources: ResourcesDep) -> JobDetail:
                 .order_by(JobEventRow.ts)
             )
         )
-    log = resources.compression.log(job_id)
+    counts = await resources.kept_lines.counts(job_id)  # every replica's, from the database
     return JobDetail(
         **JobSummary.model_validate(job).model_dump(),
         compression=None
-        if log is None
+        if counts is None
         else CompressionCounts(
-            lines_in=log.lines_in,
-            lines_kept=log.lines_kept,
-            lines_filtered=log.lines_in - log.lines_kept,
-            ratio=log.ratio,
+            lines_in=counts.lines_in,
+            lines_kept=counts.lines_kept,
+            lines_filtered=counts.lines_filtered,
+            ratio=counts.lines_kept / counts.lines_in if counts.lines_in else 0.0,
         ),
         nodes=sorted({s.node for s in streams}),
         ranks=sorted({s.rank for s in streams if s.rank is not None}),

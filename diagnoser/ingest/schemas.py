@@ -166,7 +166,7 @@ class JobSummary(BaseModel):
 
 
 class CompressionCounts(BaseModel):
-    """What compression did to a job's lines on the replica that answers (in memory)."""
+    """What compression did to a job's lines, added up over every replica (database)."""
 
     lines_in: int
     lines_kept: int
@@ -180,7 +180,7 @@ class JobDetail(JobSummary):
     streams: list[StreamStatus]
     exits: list[JobEventOut]
     compression: CompressionCounts | None = Field(
-        default=None, description="None when this replica has not compressed the job."
+        default=None, description="None when no replica has compressed the job."
     )
 
 

@@ -331,3 +331,50 @@ class AuditEntryRow(Base):
     action: Mapped[str] = mapped_column(String(64), index=True)
     subject: Mapped[str] = mapped_column(String(512))
     detail: Mapped[dict[str, Any]] = mapped_column(Json, default=dict)
+
+
+class JobCompressionRow(Base):
+    """A job's compression counts, shared by every replica (they add what they compressed).
+
+    `open_runs` are the filtered runs since the job's last kept line (`[x N lines] <template>`
+    not yet closed by one), as the last replica to flush saw them; `truncated` once the stored
+    log pruned its middle (`KeptLineRow`)."""
+
+    __tablename__ = "job_compression"
+
+    job_id: Mapped[str] = mapped_column(String(253), primary_key=True)
+    family: Mapped[str] = mapped_column(String(253))
+    lines_in: Mapped[int] = mapped_column(BigInteger, default=0)
+    lines_kept: Mapped[int] = mapped_column(BigInteger, default=0)
+    lines_filtered: Mapped[int] = mapped_column(BigInteger, default=0)
+    truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    open_runs: Mapped[list[dict[str, Any]]] = mapped_column(Json, default=list)
+    filtered_by_template: Mapped[dict[str, int]] = mapped_column(Json, default=dict)
+    """Template text -> this job's lines its filter dropped (texts: ids are per replica)."""
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
+
+
+class KeptLineRow(Base):
+    """One entry of a job's stored compressed log: a kept line, or a run of filtered lines.
+
+    `kind`: `first` (among the first N kept lines of its stream), `guarded` (a failure line, up
+    to a cap per job), `novel` (the first kept line of its template in the job, up to a cap),
+    `last` (the rest: only the newest N per stream stay), `run` (`count` filtered lines of
+    `template_id`, `text` its template). Rows are in `line_no` order (a run's first line)."""
+
+    __tablename__ = "kept_lines"
+    __table_args__ = (Index("ix_kept_lines_job_line", "job_id", "line_no"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(253))
+    stream: Mapped[str] = mapped_column(String(253))
+    node: Mapped[str | None] = mapped_column(String(253))
+    rank: Mapped[int | None] = mapped_column(Integer)
+    line_no: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(8))
+    count: Mapped[int] = mapped_column(BigInteger, default=1)
+    text: Mapped[str] = mapped_column(Text)
+    template_id: Mapped[int] = mapped_column(BigInteger)
+    template: Mapped[str | None] = mapped_column(Text)
+    """The template's text, for guarded lines (a storm's label)."""
+    guarded: Mapped[str | None] = mapped_column(String(32))

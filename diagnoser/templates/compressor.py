@@ -114,6 +114,9 @@ class JobLog:
     template_ids: list[int] | None = None
     """Per input line, its template id (only when the job was opened with `record=True`)."""
     signals: Signals = field(default_factory=Signals)
+    outbox: list[KeptLine | Run] | None = None
+    """Every kept line and closed run in order, bound or not (when set): the service drains it
+    into the database (`diagnoser.store.kept_lines`), which keeps its own bound."""
     _order: list[tuple[int, int]] = field(default_factory=list)
     """(kind, index) of each entry: 0 = kept line, 1 = run."""
 
@@ -529,9 +532,13 @@ class JobCompression:
         if log.template_ids is not None:
             log.template_ids[line_no - 1] = tid
         log.kept_count += 1
-        if not log.full:
-            log._order.append((0, len(log.kept)))
-            log.kept.append(KeptLine(line_no, line, tid, reason, rank, node))
+        if not log.full or log.outbox is not None:
+            kept = KeptLine(line_no, line, tid, reason, rank, node)
+            if log.outbox is not None:
+                log.outbox.append(kept)
+            if not log.full:
+                log._order.append((0, len(log.kept)))
+                log.kept.append(kept)
         return tid
 
     def pending_runs(self) -> list[Run]:
@@ -566,6 +573,12 @@ class JobCompression:
         if not self._pending:
             return
         log = self.log
+        if log.outbox is not None:
+            texts = self._texts()
+            log.outbox.extend(
+                Run(tid, texts.get(tid, ""), n, self._pending_first[tid])
+                for tid, n in self._pending.items()
+            )
         if log.full:
             self._pending.clear()
             self._pending_first.clear()

@@ -2,7 +2,7 @@
 
 A synthetic Megatron log goes in; `/log`, `/templates` and `/v1/filters` come back. Filters
 learned by one job reach the database, a second job of the family starts with them, and so
-does a second replica on the same database.
+does a second replica on the same database, which also serves the first's compressed logs.
 """
 
 from __future__ import annotations
@@ -162,6 +162,39 @@ def test_another_replica_starts_with_the_stored_filters(
     # and at most a tenth of the lines (45 measured; the first job keeps 81).
     assert third["lines_kept"] < first_job["lines_kept"], (third, first_job)
     assert third["lines_kept"] <= 100, third
+
+
+def test_any_replica_serves_a_jobs_compressed_log_and_counts(
+    env: dict[str, str], service: ServiceProcess, first_job: dict[str, Any]
+) -> None:
+    """Two `diagnoser serve` on one database: the replica that did not compress a job answers
+    its /log, counts and /templates as the one that did, and the other way round."""
+    here = get(service, "/v1/jobs/llama-70b-run7/log", limit=10_000)
+    here_counts = counts(service, "llama-70b-run7")
+    replica = ServiceProcess(env=env)
+    replica.start()
+    try:
+        there = get(replica, "/v1/jobs/llama-70b-run7/log", limit=10_000)
+        there_counts = counts(replica, "llama-70b-run7")
+        templates = get(replica, "/v1/jobs/llama-70b-run7/templates")
+        post_text(replica, "llama-70b-run13", "node-2", "\n".join([*FOURTH[:300], FAILURE]) + "\n")
+        made_there = get(replica, "/v1/jobs/llama-70b-run13/log", limit=10_000)
+    finally:
+        replica.stop()
+    assert there == here
+    assert there_counts == here_counts
+    assert there_counts["lines_in"] == here["lines_in"] >= 2001
+    failure = [e for e in there["entries"] if e["kind"] == "line" and e["text"] == FAILURE]
+    assert [e["line_no"] for e in failure] == [1001]
+    assert templates["family"] == FAMILY
+    assert (
+        sum(t["filtered_in_job"] for t in templates["templates"]) == there_counts["lines_filtered"]
+    )
+    assert any(t["filtered"] for t in templates["templates"])
+    # What the stopped replica compressed stays served by the one still running.
+    assert get(service, "/v1/jobs/llama-70b-run13/log", limit=10_000) == made_there
+    assert counts(service, "llama-70b-run13")["lines_in"] == 301
+    assert any(e.get("text") == FAILURE for e in made_there["entries"])
 
 
 def test_disabling_a_filter_keeps_its_lines_again(

@@ -44,3 +44,24 @@ def test_family_from_job_metadata_and_a_bounded_log() -> None:
     assert len(log.kept) <= 10
     assert log.kept[0].text == "RuntimeError: boom"
     assert log.lines_kept > len(log.kept)
+
+
+def test_a_job_evicted_before_its_flush_loses_nothing_it_kept() -> None:
+    """Evicted from memory, then sent again before the database took its lines: both
+    incarnations' lines and counts are handed to the next flush."""
+    stage = CompressionStage(RuleRegistry(RULES_DIR), max_jobs=1)
+    pipeline = Pipeline([stage])
+    _feed(pipeline, "job-a", ["RuntimeError: boom", "worker 1 started"])
+    _feed(pipeline, "job-b", ["worker 2 started"])
+    _feed(pipeline, "job-a", ["worker 3 started"])
+    flushes = {f.job_id: f for f in stage.drain()}
+    a = flushes["job-a"]
+    assert (a.lines_in, a.lines_kept) == (3, 3)
+    assert [e.text for e in a.entries] == [
+        "RuntimeError: boom",
+        "worker 1 started",
+        "worker 3 started",
+    ]
+    assert a.entries[0].kind == "guarded"
+    assert flushes["job-b"].lines_in == 1
+    assert stage.drain() == []

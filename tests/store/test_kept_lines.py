@@ -1,0 +1,100 @@
+"""A job's compressed log in real SQLite and PostgreSQL: bounded, pruned, read by any replica."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.exc import DBAPIError
+
+from diagnoser.pipeline import Pipeline, StreamKey
+from diagnoser.rules import RuleRegistry, make_batch
+from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
+from diagnoser.store.kept_lines import KeptLineStore
+from diagnoser.store.migrate import upgrade
+from diagnoser.store.models import KeptLineRow
+from diagnoser.templates.compressor import CompressorConfig, KeptLine
+from diagnoser.templates.stage import CompressionStage, StoredBounds
+from tests.templates.corpus import RULES_DIR
+
+FAILURE = "RuntimeError: CUDA error: an illegal memory access was encountered"
+BOUNDS = StoredBounds(first_n=5, last_n=5, guarded_cap=3, novel_cap=0)
+KEEP_ALL = CompressorConfig(min_count=10**9)
+"""No filter is ever learned: every line is kept, so the bound alone decides what stays."""
+
+
+@pytest.fixture
+async def sessions(database_url: str) -> AsyncIterator[Sessions]:
+    db = parse_database_url(database_url)
+    upgrade(db)
+    opened = Sessions(create_service_engine(db), db)
+    yield opened
+    await opened.close()
+
+
+def replica(sessions: Sessions) -> tuple[CompressionStage, Pipeline, KeptLineStore]:
+    stage = CompressionStage(RuleRegistry(RULES_DIR), KEEP_ALL, bounds=BOUNDS)
+    return stage, Pipeline([stage]), KeptLineStore(sessions, stage)
+
+
+def feed(pipeline: Pipeline, stream: str, lines: list[str]) -> None:
+    key = StreamKey(job_id="job-1", stream=stream, node="node-1", rank=None)
+    pipeline.process(key, make_batch(lines, first_line_no=1))
+
+
+def lines(start: int, n: int) -> list[str]:
+    return [f"worker {i} finished shard {i * 7} of the epoch" for i in range(start, start + n)]
+
+
+async def stored(sessions: Sessions) -> list[tuple[str, str, str]]:
+    async with sessions() as session:
+        rows = await session.scalars(select(KeptLineRow).order_by(KeptLineRow.line_no))
+        return [(r.stream, r.kind, r.text) for r in rows]
+
+
+async def test_the_database_keeps_the_first_and_last_lines_and_every_failure(
+    sessions: Sessions,
+) -> None:
+    stage, pipeline, store = replica(sessions)
+    failures = [f"{FAILURE} on device {d}" for d in range(5)]
+    feed(pipeline, "a", [*lines(0, 20), *failures, *lines(20, 20)])
+    await store.flush()
+    feed(pipeline, "a", lines(40, 40))
+    feed(pipeline, "b", lines(100, 8))
+    await store.flush()
+
+    rows = await stored(sessions)
+    a = [(kind, line) for stream, kind, line in rows if stream == "a"]
+    assert [line for kind, line in a if kind == "first"] == lines(0, 5)
+    assert [line for kind, line in a if kind == "guarded"] == failures[:3]
+    assert [line for kind, line in a if kind == "last"] == lines(75, 5)  # the middle: pruned
+    b = [(kind, line) for stream, kind, line in rows if stream == "b"]
+    assert [line for _, line in b] == lines(100, 8)  # under its stream's bound: all of it
+
+    # Another replica (nothing in memory) reads the same log and counts.
+    _, _, other = replica(sessions)
+    found = await other.read("job-1", limit=1000)
+    assert found is not None
+    assert found.counts.lines_in == found.counts.lines_kept == 93
+    assert found.counts.truncated
+    texts = [e.text for e in found.log.entries(found.templates) if isinstance(e, KeptLine)]
+    assert texts == [line for _, _, line in rows]
+    assert stage.drain() == []
+
+
+async def test_a_failed_flush_loses_nothing(sessions: Sessions) -> None:
+    _, pipeline, store = replica(sessions)
+    feed(pipeline, "a", [*lines(0, 3), FAILURE])
+    async with sessions.begin() as session:
+        await session.execute(text("ALTER TABLE kept_lines RENAME TO kept_lines_away"))
+    with pytest.raises(DBAPIError):
+        await store.flush()
+    async with sessions.begin() as session:
+        await session.execute(text("ALTER TABLE kept_lines_away RENAME TO kept_lines"))
+    feed(pipeline, "a", lines(3, 2))
+    await store.flush()
+    assert [line for _, _, line in await stored(sessions)] == [*lines(0, 3), FAILURE, *lines(3, 2)]
+    counts = await store.counts("job-1")
+    assert counts is not None
+    assert (counts.lines_in, counts.lines_kept, counts.lines_filtered) == (6, 6, 0)
