@@ -220,10 +220,11 @@ async def post_logs(
     warnings: list[str] = []
     try:
         metadata = _metadata_from_headers(request)
-        if "family" in metadata:
-            # Before the batch reaches the compression stage: the family's stored filters
-            # compress the job from its first line (as after `PUT /v1/jobs/{id}`).
-            await resources.filters.prepare(job_id, metadata["family"])
+        # Before a new job's first batch reaches the compression stage: its family (the
+        # header's, else from its name) is loaded with the stored filters and what earlier
+        # jobs taught is promoted, so the job is compressed from its first line (as after
+        # `PUT /v1/jobs/{id}`). Nothing to do once the job is being compressed.
+        await resources.filters.prepare(job_id, metadata.get("family"))
         attested = principal.binding.node is not None  # node, job and stream checked already
         key = StreamKey(job_id, stream or default_stream_id(node, rank), node, rank, attested)
         if media_type in RAW_TYPES:

@@ -50,12 +50,9 @@ class CompressorConfig:
     signals: SignalConfig = field(default_factory=SignalConfig)
     read_signals: bool = True
     """Read step, loss, lr, grad norm and throughput from progress lines (filtered or kept)."""
-    promote: bool = False
+    promote: bool = True
     """When a new job of the family starts, propose filters for the templates earlier jobs
-    left unfiltered (seen fewer than `min_count` times): for the new job they are not novel.
-    Off by default: with the promoted filters in one hyperscan database, hyperscan 0.9.1 was
-    seen to miss some fullmatches of other filters (lines kept, never dropped, but compression
-    lost; see docs/compression.md)."""
+    left unfiltered (seen fewer than `min_count` times): for the new job they are not novel."""
     promote_max: int = 1000
     """Templates tried per promotion (most frequent first)."""
     engine: str = "auto"

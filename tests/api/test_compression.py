@@ -134,11 +134,6 @@ def test_a_second_job_of_the_family_starts_compressed(
     assert second["lines_kept"] * 2 <= first_job["lines_kept"], (second, first_job)
 
 
-@pytest.mark.xfail(
-    reason="issue 12 target (a third) missed since the first job keeps 81, not 764, of its "
-    "first 1,000 lines: the second keeps about 37 (docs/compression.md, Not built yet)",
-    strict=False,
-)
 def test_a_second_job_keeps_at_most_a_third_of_the_first(
     service: ServiceProcess, first_job: dict[str, Any]
 ) -> None:

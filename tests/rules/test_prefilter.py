@@ -67,3 +67,24 @@ def test_anchor_derivation() -> None:
     assert derive(r"(?i)loss is nan")[1] is True
     with pytest.raises(AnchorError):
         derive(r"\d+: \w+")
+
+
+def test_candidates_do_not_depend_on_where_a_line_sits_in_the_chunk(
+    pack: RuleSet, pack_regex: RuleSet
+) -> None:
+    """Hyperscan 0.9.1 misses some regex matches past a certain offset of a chunk (see
+    tests/templates/test_filters.py); the literal anchors here are scanned another way, and
+    every example line of the pack is flagged at every offset as the regex prefilter flags it."""
+    examples = [
+        line
+        for rule in pack.rules
+        for example in rule.spec.examples.match
+        for line in example.splitlines()
+    ]
+    assert len(examples) > 300
+    flagged = sum(1 in pack.prefilter.candidates(["", line]) for line in examples)
+    assert flagged > 300
+    for width in [*range(80), 200, 1000, 5000]:
+        for line in examples:
+            chunk = ["x" * width, line]
+            assert pack.prefilter.candidates(chunk) == pack_regex.prefilter.candidates(chunk)

@@ -7,7 +7,10 @@ from functools import cache
 
 import pytest
 import regex
+from megatron_log import megatron_lines
 
+from diagnoser.rules import hyperscan_db
+from diagnoser.templates.compressor import Compressor, CompressorConfig
 from diagnoser.templates.filters import Filter, FilterSet, Proposer, candidates, propose
 from diagnoser.templates.matcher import HyperscanMatcher, RegexMatcher
 from diagnoser.templates.miner import TemplateMiner
@@ -157,6 +160,43 @@ def test_hyperscan_and_regex_matchers_agree_on_loghub() -> None:
                 assert alone[x].fullmatch(line) is not None
         matched += sum(x is not None for x in a)
     assert matched > len(lines) // 3
+
+
+ITERATION = r"^[ \t]+global[ \t]+batch[ \t]+size:[ \t]+[0-9]+$"
+RULER = r"^[ \t]*-{22}[ \t]*$"
+"""Two filters of the synthetic Megatron log (shortened): hyperscan 0.9.1 misses the first on
+a line that starts 17 bytes or more into the chunk when the second shares its database."""
+
+
+def test_a_filter_matches_whatever_other_filters_share_the_database() -> None:
+    lines = ["x" * 30, " global batch size:  1024"]
+    assert HyperscanMatcher([ITERATION]).match(lines) == [None, 0]
+    assert HyperscanMatcher([ITERATION, RULER]).match(lines) == [None, 0]
+    assert HyperscanMatcher([RULER, ITERATION]).match([*lines, "-" * 22]) == [None, 1, 0]
+
+
+def test_hyperscan_alone_misses_that_match() -> None:
+    """The library behaviour the matcher works around; when a hyperscan release fixes it,
+    this fails and the `regex` re-check in `HyperscanMatcher` can go."""
+    scanner = hyperscan_db.PatternScanner([(ITERATION.encode(), False), (RULER.encode(), False)])
+    data = b"x" * 30 + b"\n global batch size:  1024"
+    assert hyperscan_db.PatternScanner([(ITERATION.encode(), False)]).scan(data) == [(56, 0)]
+    assert scanner.scan(data) == []
+
+
+def test_a_second_job_keeps_a_third_of_the_first_with_promotion_on_hyperscan() -> None:
+    first_lines = list(megatron_lines(7, 900))
+    second_lines = list(megatron_lines(8, 400))[:1000]
+    kept: dict[str, tuple[int, int]] = {}
+    for engine in ("hyperscan", "regex"):
+        compressor = Compressor(pack(), CompressorConfig(promote=True, engine=engine))
+        first = compressor.job()
+        first_kept = len(first.feed(first_lines[:1000]))
+        first.feed(first_lines[1000:2000])
+        kept[engine] = (first_kept, len(compressor.job().feed(second_lines)))
+    assert kept["hyperscan"] == kept["regex"]
+    first_kept, second_kept = kept["hyperscan"]
+    assert second_kept * 3 <= first_kept, kept
 
 
 def test_filter_set_round_trips_through_plain_json() -> None:
