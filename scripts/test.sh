@@ -13,7 +13,8 @@ echo "== ruff format --check" && .venv/bin/ruff format --check .
 echo "== mypy --strict" && .venv/bin/mypy diagnoser tests bench examples
 echo "== import contracts" && .venv/bin/lint-imports
 # Four workers on this project's two-core machines: most service tests wait on timers, polls
-# and child processes rather than the CPU (measured: 4 workers finish well before 2). Whole
+# and child processes rather than the CPU (a fresh-clone run: 2 workers 23 min, 4 workers 20 min,
+# both on a machine shared with other work, so the unloaded times are shorter). Whole
 # files per worker, so a file's module-scoped servers start once; DIAGNOSER_TEST_WORKERS=0 runs
 # in one process.
 workers="${DIAGNOSER_TEST_WORKERS:-4}"
