@@ -233,9 +233,11 @@ def test_an_idle_upload_is_closed_and_keeps_what_arrived(service: ServiceProcess
 def test_a_busy_stream_answers_429_with_retry_after(service: ServiceProcess) -> None:
     async def race() -> tuple[httpx.Response, httpx.Response]:
         gate = asyncio.Event()
+        sent = asyncio.Event()
 
         async def slow() -> AsyncIterator[bytes]:
             yield b"first\n"
+            sent.set()  # httpx asks for the next chunk once the first is on the wire
             await gate.wait()
             yield b"second\n"
 
@@ -248,7 +250,8 @@ def test_a_busy_stream_answers_429_with_retry_after(service: ServiceProcess) -> 
                     headers=TEXT,
                 )
             )
-            await asyncio.sleep(0.3)
+            await asyncio.wait_for(sent.wait(), 30)  # on a loaded machine this can take a while
+            await asyncio.sleep(0.3)  # the service reads the first chunk and holds the stream
             second = await client.post(
                 logs_url(service, "busy"), params={"node": "n1"}, content=b"x\n", headers=TEXT
             )
