@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from examples.cluster_demo import DemoConfig, Timeline, detect_features, run_demo
+from examples.cluster_demo import DemoConfig, Timeline, run_demo
 from examples.cluster_demo.cluster import BYSTANDER_POD, JOB_LABEL
 from examples.cluster_demo.timeline import TAINT_KEY
 
@@ -39,8 +39,7 @@ def attempt_of(pod: dict[str, Any]) -> str | None:
 
 @pytest.mark.timeout(420)
 async def test_the_ranks_fail_and_the_service_blames_node_2(tmp_path: Path) -> None:
-    features = detect_features()
-    config = DemoConfig(actions_api=features.actions_api, operator=False, work_dir=tmp_path)
+    config = DemoConfig(operator=False, work_dir=tmp_path)
 
     timeline = await run_demo(config)
 
@@ -63,12 +62,6 @@ async def test_the_ranks_fail_and_the_service_blames_node_2(tmp_path: Path) -> N
 
 @pytest.mark.timeout(420)
 async def test_the_operator_cordons_node_2_and_restarts_the_job(tmp_path: Path) -> None:
-    pytest.importorskip(
-        "diagnoser.operator", reason="`diagnoser operator` (issue 14) is not in this build yet"
-    )
-    if not detect_features().actions_api:
-        pytest.skip("the actions API (/v1/actions, issue 14) is not in this build yet")
-
     timeline = await run_demo(DemoConfig(work_dir=tmp_path))
 
     assert timeline.finished, timeline.notes
