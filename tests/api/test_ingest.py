@@ -230,18 +230,18 @@ def test_an_idle_upload_is_closed_and_keeps_what_arrived(service: ServiceProcess
     assert stream_status(service, "idle", "n1")["lines"] == 1
 
 
-def test_a_busy_stream_answers_429_with_retry_after(service: ServiceProcess) -> None:
+def test_a_busy_stream_answers_429_with_retry_after(quiet_service: ServiceProcess) -> None:
+    service = quiet_service  # a 60 s idle timeout: the held upload is not closed while we wait
+
     async def race() -> tuple[httpx.Response, httpx.Response]:
         gate = asyncio.Event()
-        sent = asyncio.Event()
 
         async def slow() -> AsyncIterator[bytes]:
             yield b"first\n"
-            sent.set()  # httpx asks for the next chunk once the first is on the wire
             await gate.wait()
             yield b"second\n"
 
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=60) as client:
             first = asyncio.create_task(
                 client.post(
                     logs_url(service, "busy"),
@@ -250,8 +250,14 @@ def test_a_busy_stream_answers_429_with_retry_after(service: ServiceProcess) -> 
                     headers=TEXT,
                 )
             )
-            await asyncio.wait_for(sent.wait(), 30)  # on a loaded machine this can take a while
-            await asyncio.sleep(0.3)  # the service reads the first chunk and holds the stream
+            # The service commits the first line while the upload stays open: from then on it
+            # holds the stream (no fixed sleep: a loaded machine may take seconds to get there).
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                status = await client.get(logs_url(service, "busy"), params={"node": "n1"})
+                if status.status_code == 200 and status.json().get("lines") == 1:
+                    break
+                await asyncio.sleep(0.05)
             second = await client.post(
                 logs_url(service, "busy"), params={"node": "n1"}, content=b"x\n", headers=TEXT
             )
@@ -260,6 +266,7 @@ def test_a_busy_stream_answers_429_with_retry_after(service: ServiceProcess) -> 
 
     first, second = asyncio.run(race())
     assert first.status_code == 200
+    assert first.json()["lines_accepted"] == 2
     assert second.status_code == 429
     assert second.headers["Retry-After"] == "1"
     assert second.json()["error"] == "stream_busy"
