@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ from diagnoser.llm.redaction import Redactor
 from diagnoser.observability import LlmCollector, Metrics, MetricsMiddleware, PipelineCollector
 from diagnoser.pipeline import LineCounter, Pipeline
 from diagnoser.reload import RuleReloader
-from diagnoser.rules import Action, RuleRegistry
+from diagnoser.rules import Action, RuleRegistry, RuleSet
 from diagnoser.store.action_queue import StoreActionQueue
 from diagnoser.store.database import (
     DatabaseUrl,
@@ -254,7 +255,7 @@ async def _gate(settings: Settings, sessions: Sessions) -> Gate:
     return Gate(settings.auth, settings.host, sessions)
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
     database = parse_database_url(settings.database_url)
     metrics = Metrics()
 
@@ -266,7 +267,9 @@ def create_app(settings: Settings) -> FastAPI:
             await anyio.to_thread.run_sync(upgrade, database)
         engine, redis, sessions = _connect(settings, database)
         app.state.gate = await _gate(settings, sessions)
-        registry = await anyio.to_thread.run_sync(RuleRegistry, settings.rules_dir)
+        registry = await anyio.to_thread.run_sync(
+            functools.partial(RuleRegistry, settings.rules_dir, compiled=rules)
+        )
         reloader = RuleReloader(registry)
         stage = DiagnosisStage(
             registry, hang_action=Action(settings.hang.action), signals=settings.signals.config()

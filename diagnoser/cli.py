@@ -140,7 +140,7 @@ def serve(
     if database.sqlite_path is not None:
         ensure_writable_dir(database.sqlite_path.parent)
     ensure_port_free(settings.host, settings.port)
-    _load_rules(settings.rules_dir)  # a broken pack stops here, with the reason, not mid-start
+    rules = _load_rules(settings.rules_dir)  # a broken pack stops here, not mid-start
     _check_auth(settings, database)
     err.print(
         f"diagnoser {__version__} on http://{settings.host}:{settings.port} "
@@ -151,7 +151,7 @@ def serve(
     # a stop that completed is a success (exit 0), not a death by signal (-15).
     signal.signal(signal.SIGTERM, _stopped)
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, rules=rules),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -15,12 +15,13 @@ import json
 import time
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
-
-import openai
+from typing import TYPE_CHECKING, Any
 
 from diagnoser.config import LlmSettings
 from diagnoser.llm.breaker import CircuitBreaker
+
+if TYPE_CHECKING:
+    import openai
 
 MAX_CONTENT_CHARS = 20_000
 """A longer answer is cut before parsing: the schema's strings are short."""
@@ -64,8 +65,10 @@ class LlmClient:
     def __init__(self, settings: LlmSettings, breaker: CircuitBreaker | None = None) -> None:
         if settings.base_url is None:
             raise ValueError("LLM client needs DIAGNOSER_LLM__BASE_URL")
+        import openai  # about a second to import: only a process that talks to an LLM pays it
+
         key = settings.api_key.get_secret_value() if settings.api_key else "not-needed"
-        self._openai = openai.AsyncOpenAI(
+        self._openai: openai.AsyncOpenAI = openai.AsyncOpenAI(
             base_url=settings.base_url,
             api_key=key,
             timeout=settings.timeout_s,
@@ -88,6 +91,8 @@ class LlmClient:
         max_tokens: int = 512,
     ) -> Completion:
         """One sample; raises LlmUnavailableError when the breaker refuses the call."""
+        import openai  # already loaded by __init__
+
         if not self.breaker.allow():
             raise LlmUnavailableError("LLM circuit breaker is open")
         started = time.monotonic()

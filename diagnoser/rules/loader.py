@@ -14,8 +14,13 @@ from diagnoser.rules.problems import Problem, RuleLoadError
 from diagnoser.rules.ruleset import DEFAULT_TIMEOUT, RuleSet
 from diagnoser.rules.schema import RuleFile
 
+try:  # libyaml parses the pack about ten times faster; service start pays for it
+    from yaml import CSafeLoader as _SafeLoader
+except ImportError:  # a PyYAML built without libyaml
+    from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
 
-class _StrictLoader(yaml.SafeLoader):
+
+class _StrictLoader(_SafeLoader):
     """SafeLoader that refuses duplicate keys instead of silently keeping the last one."""
 
 

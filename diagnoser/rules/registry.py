@@ -25,13 +25,26 @@ class RuleRegistry:
     """
 
     def __init__(
-        self, directory: Path, *, prefilter: str = "auto", timeout: float = DEFAULT_TIMEOUT
+        self,
+        directory: Path,
+        *,
+        prefilter: str = "auto",
+        timeout: float = DEFAULT_TIMEOUT,
+        compiled: RuleSet | None = None,
     ) -> None:
+        """`compiled`: a set already compiled from `directory`, used while the files still match.
+
+        `serve` compiles the pack to refuse a broken one before it starts; compiling it again
+        would double the start time.
+        """
         self.directory = directory
         self._prefilter = prefilter
         self._timeout = timeout
         self._lock = threading.Lock()
-        self.active: RuleSet = load_dir(directory, prefilter=prefilter, timeout=timeout)
+        if compiled is not None and _matches(directory, compiled):
+            self.active: RuleSet = compiled
+        else:
+            self.active = load_dir(directory, prefilter=prefilter, timeout=timeout)
 
     @property
     def digest(self) -> str:
@@ -43,6 +56,11 @@ class RuleRegistry:
             fresh = load_dir(self.directory, prefilter=self._prefilter, timeout=self._timeout)
             self.active = fresh
             return fresh
+
+
+def _matches(directory: Path, compiled: RuleSet) -> bool:
+    files, problems = read_dir(directory)
+    return not problems and digest(files) == compiled.digest
 
 
 def make_batch(lines: Sequence[str], stream_offset: int = 0, first_line_no: int = 1) -> LineBatch:

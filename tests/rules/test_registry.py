@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.rules import RuleLoadError, RuleRegistry, scan_lines
+from diagnoser.rules import RuleLoadError, RuleRegistry, load_dir, scan_lines
 from tests.rules.conftest import MINIMAL_RULE, write_rules
 
 
@@ -56,3 +56,15 @@ def test_scan_lines_reports_rule_and_line(tmp_path: Path) -> None:
     lines = ["ok"] * 5000 + ["OSError: [Errno 28] No space left on device"]
     (event,) = scan_lines(RuleRegistry(tmp_path).active, lines)
     assert (event.rule_id, event.line_no) == ("demo_disk_full", 5001)
+
+
+def test_a_set_compiled_before_start_is_used_only_while_the_files_match(tmp_path: Path) -> None:
+    write_rules(tmp_path, "demo.yaml", MINIMAL_RULE)
+    compiled = load_dir(tmp_path)
+    assert RuleRegistry(tmp_path, compiled=compiled).active is compiled
+    write_rules(
+        tmp_path, "demo.yaml", MINIMAL_RULE.replace("severity: error", "severity: critical")
+    )
+    registry = RuleRegistry(tmp_path, compiled=compiled)
+    assert registry.active is not compiled, "the files changed after the set was compiled"
+    assert registry.digest == load_dir(tmp_path).digest
