@@ -1,12 +1,16 @@
 """Tokens made the way an administrator makes them: `diagnoser token create`, before or while
-the service runs against the same database."""
+the service runs against the same database. The command runs in process (the same click command
+the console script runs; a child process per token cost seconds); tests/auth/test_tokens.py runs
+the real console script."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.servers import run_diagnoser
+from click.testing import CliRunner
+
+from diagnoser import cli
 
 
 @dataclass(frozen=True)
@@ -20,10 +24,12 @@ class Token:
 
 
 def create_token(data_dir: Path, role: str, *args: str) -> Token:
-    result = run_diagnoser(
-        "token", "create", "--role", role, "--data-dir", str(data_dir), *args, timeout=60
+    result = CliRunner().invoke(
+        cli.command(),
+        ["token", "create", "--role", role, "--data-dir", str(data_dir), *args],
+        prog_name="diagnoser",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     raw = result.stdout.strip()
     assert raw.startswith("dgn_"), result.stdout
     return Token(raw.split("_")[1], raw)
