@@ -73,6 +73,9 @@ class LlmSettings(BaseModel):
     samples: int = Field(default=5, ge=1, le=20)
     """k: answers sampled per escalation (self-consistency), each a seeded request."""
     temperature: float = Field(default=0.7, ge=0, le=2)
+    max_tokens: int = Field(default=512, ge=16, le=8192)
+    """Cap on each sample's answer: a model that rambles stops here (the answer is then
+    unreadable and counts as an abstention), bounding the time and cost of one ask."""
     min_agreement: float = Field(default=0.8, gt=0, le=1)
     """Share of the k samples the winning answer needs; below it a human decides."""
     prompt_version: str = Field(default="diagnose.v1", pattern=r"^[A-Za-z0-9_.-]{1,64}$")

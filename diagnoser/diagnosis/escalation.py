@@ -150,6 +150,7 @@ class Escalator:
                     k=self.settings.samples,
                     min_agreement=self.settings.min_agreement,
                     temperature=self.settings.temperature,
+                    max_tokens=self.settings.max_tokens,
                 )
                 self.counts.observe(asked)
                 return Outcome(record(asked, trace, self.settings), cacheable=asked.reached)

@@ -442,6 +442,7 @@ async def consult(
             k=settings.samples,
             min_agreement=settings.min_agreement,
             temperature=settings.temperature,
+            max_tokens=settings.max_tokens,
         )
     finally:
         await client.aclose()

@@ -61,6 +61,7 @@ async def ask(
     temperature: float = 0.7,
     seed: int = 0,
     early_stop: bool = True,
+    max_tokens: int = 512,
 ) -> Asked:
     schema = answer_schema()
     started = time.monotonic()
@@ -75,7 +76,9 @@ async def ask(
         try:
             results = await asyncio.gather(
                 *(
-                    client.complete_json(messages, schema, seed=s, temperature=temperature)
+                    client.complete_json(
+                        messages, schema, seed=s, temperature=temperature, max_tokens=max_tokens
+                    )
                     for s in range(first_seed, first_seed + batch)
                 )
             )

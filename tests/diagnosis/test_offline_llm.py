@@ -52,8 +52,9 @@ def as_json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 def test_a_unanimous_vote_decides_an_unexplained_failure(tmp_path: Path) -> None:
     log = write(tmp_path, "gpu-1.log", UNKNOWN_FAILURE)
     with scripted_llm([Reply(answer())]) as llm:
-        body = as_json(diagnose(llm, log, "--json"))
+        body = as_json(diagnose(llm, log, "--json", DIAGNOSER_LLM__MAX_TOKENS="96"))
         text = diagnose(llm, log)
+    assert {r["max_tokens"] for r in llm.completions[:4]} == {96}, "each answer is capped"
     assert body["source"] == "llm"
     assert body["action"] == "notify_user"
     assert body["category"] == "user_code"
@@ -203,6 +204,7 @@ def test_a_real_model_votes_offline_and_every_vote_is_checked(tmp_path: Path) ->
                 "--json",
                 DIAGNOSER_LLM__MODEL="smollm2",
                 DIAGNOSER_LLM__SAMPLES="3",
+                DIAGNOSER_LLM__MAX_TOKENS="160",  # room for an answer; a rambling one stops early
                 DIAGNOSER_LLM__MIN_AGREEMENT="0.67",
                 DIAGNOSER_LLM__TIMEOUT_S="120",
             )
