@@ -80,6 +80,7 @@ FAILURE_TYPES: dict[str, _FT] = {
     "nccl_remote_error": (Category.NETWORK, Action.RESTART_JOB),
     "nccl_system_error": (Category.NETWORK, Action.RESTART_JOB),
     "nccl_internal_error": (Category.FRAMEWORK, Action.ESCALATE),
+    "nccl_transport_error": (Category.NETWORK, Action.RESTART_JOB),
     "ib_error": (Category.NETWORK, Action.RESTART_JOB),
     "socket_closed": (Category.NETWORK, Action.RESTART_JOB),
     "rendezvous_error": (Category.NETWORK, Action.RESTART_JOB),
