@@ -90,6 +90,7 @@ FAILURE_TYPES: dict[str, _FT] = {
     "too_many_open_files": (Category.RESOURCE, Action.NOTIFY_USER),
     "ephemeral_storage_eviction": (Category.RESOURCE, Action.NOTIFY_USER),
     "time_limit": (Category.RESOURCE, Action.NOTIFY_USER),
+    "unschedulable": (Category.RESOURCE, Action.NOTIFY_USER),
     "nccl_cuda_oom": (Category.RESOURCE, Action.NOTIFY_USER),
     "cuda_oom": (Category.RESOURCE, Action.NOTIFY_USER),
     "host_oom": (Category.RESOURCE, Action.NOTIFY_USER),
