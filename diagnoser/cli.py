@@ -9,6 +9,7 @@ import json
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -466,9 +467,10 @@ def command() -> Any:
     return plain_help(typer.main.get_command(app))
 
 
-def main() -> None:
+def main(args: Sequence[str] | None = None) -> None:
+    """The console script: `args` None reads sys.argv."""
     try:
-        command()(prog_name="diagnoser")
+        command()(args=None if args is None else list(args), prog_name="diagnoser")
     except ValidationError as exc:
         if exc.title != Settings.__name__:
             raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import os
@@ -13,11 +14,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, cast
 
+import click
 import httpx
 import psycopg
 import pytest
@@ -213,17 +215,61 @@ def run_diagnoser(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     timeout: float = 120,
+    child: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`diagnoser ARGS...` as a user runs it: a child process, text output, no exception."""
-    return subprocess.run(
-        [sys.executable, "-m", "diagnoser", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=None if env is None else {**os.environ, **env},
-        cwd=cwd,
+    """`diagnoser ARGS...` as a user runs it: exit code, stdout and stderr as text, no exception.
+
+    By default the console script's own click command runs in this process (a child process per
+    call cost seconds of imports, a hundred times over); `child=True`, or a caller inside an
+    event loop, gets a real child process (what `timeout` bounds). An exception the command did
+    not turn into an exit code is raised here: a user would have seen a traceback.
+    """
+    if child or _in_event_loop():
+        return subprocess.run(
+            [sys.executable, "-m", "diagnoser", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=None if env is None else {**os.environ, **env},
+            cwd=cwd,
+        )
+    from click.testing import CliRunner
+
+    runner = CliRunner(env=dict(env or {}))
+    previous = Path.cwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        result = runner.invoke(
+            cast(click.Command, _ConsoleScript()), list(args), prog_name="diagnoser"
+        )
+    finally:
+        os.chdir(previous)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(
+        ["diagnoser", *args], result.exit_code, result.stdout, result.stderr
     )
+
+
+class _ConsoleScript:
+    """`diagnoser.cli.main` as CliRunner calls a command (its settings errors are main's)."""
+
+    name = "diagnoser"
+
+    def main(self, args: Sequence[str], prog_name: str, **extra: object) -> None:
+        from diagnoser import cli
+
+        cli.main(args)
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def post_text(service: ServiceProcess, job: str, node: str, text: str) -> dict[str, object]:

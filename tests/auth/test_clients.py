@@ -37,10 +37,10 @@ def test_ship_sends_the_token_and_a_wrong_one_exits_3(
     log = tmp_path / "train.log"
     log.write_text("step 1 loss 2.5\nstep 2 loss 2.4\n")
     args = ["ship", str(log), "--server", service.base_url, "--job", "j1", "--node", "n1"]
-    refused = run_diagnoser(*args, env={"DIAGNOSER_TOKEN": tokens["read"].raw})
+    refused = run_diagnoser(*args, env={"DIAGNOSER_TOKEN": tokens["read"].raw}, child=True)
     assert refused.returncode == 3, refused.stderr
     assert "check --token" in refused.stderr
-    accepted = run_diagnoser(*args, "--token", tokens["ingest"].raw)
+    accepted = run_diagnoser(*args, "--token", tokens["ingest"].raw, child=True)
     assert accepted.returncode == 0, accepted.stderr
     assert "2 lines accepted" in accepted.stderr
 
@@ -51,7 +51,7 @@ def test_run_posts_its_events_with_the_token(
     result = run_diagnoser(
         "run", "--server", service.base_url, "--job", "j2", "--node", "n1",
         "--", sys.executable, "-c", "print('step 1 loss 2.5')",
-        env={"DIAGNOSER_TOKEN": tokens["ingest"].raw}, cwd=tmp_path,
+        env={"DIAGNOSER_TOKEN": tokens["ingest"].raw}, cwd=tmp_path, child=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     job = httpx.get(f"{service.base_url}/v1/jobs/j2", headers=tokens["read"].headers)

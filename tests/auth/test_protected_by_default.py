@@ -24,7 +24,7 @@ def one_error_line(stderr: str) -> str:
 def serve(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> str:
     result = run_diagnoser(
         "serve", "--data-dir", str(data_dir), "--port", str(free_port()), *args,
-        env={"COLUMNS": "200", **(env or {})}, timeout=60,
+        env={"COLUMNS": "200", **(env or {})}, timeout=60, child=True,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
     return one_error_line(result.stderr)

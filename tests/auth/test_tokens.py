@@ -76,7 +76,9 @@ def test_a_revoked_token_is_refused_from_the_next_request(
     reader = create_token(data_dir, "read", "--expires", "30d")
     url = f"{service.base_url}/v1/jobs"
     assert httpx.get(url, headers=reader.headers).status_code == 200
-    result = run_diagnoser("token", "revoke", reader.id, "--data-dir", str(data_dir))
+    result = run_diagnoser(  # the console script itself, in its own process
+        "token", "revoke", reader.id, "--data-dir", str(data_dir), child=True
+    )
     assert result.returncode == 0, result.stderr
     refused = httpx.get(url, headers=reader.headers)
     assert refused.status_code == 401

@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import servers
 from tests.conftest import run_service
-from tests.servers import ServiceProcess, free_port, run_diagnoser
+from tests.servers import ServiceProcess, free_port
 
 STEPS = "for i in range(1, 6): print(f'iteration {i}/100 | lm loss: 2.41', flush=True)\n"
 
@@ -31,6 +32,11 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess
             "DIAGNOSER_HANG__CHECK_INTERVAL_S": "0.2",
         }
     )
+
+
+def run_diagnoser(*args: str) -> subprocess.CompletedProcess[str]:
+    """`diagnoser run` as a pod runs it: a child process (it owns signals and fds 1 and 2)."""
+    return servers.run_diagnoser(*args, child=True)
 
 
 def wrapper(service_url: str, job: str, log: Path, *extra: str) -> list[str]:
