@@ -41,6 +41,7 @@ from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
 from diagnoser.diagnosis.schemas import DiagnosisStatus, DiagnosisView
 from diagnoser.rules import Action, Category, RuleEvent, RuleSet, Scope, Severity
+from diagnoser.store import locks
 from diagnoser.store.database import Sessions
 from diagnoser.store.diagnoses import (
     ACTIVE,
@@ -378,6 +379,7 @@ class DiagnosisFlow:
 
     async def _end_attempt(self, job_id: str) -> None:
         async with self.sessions.begin() as session:
+            await locks.hold(session, locks.job(job_id))
             await end_attempt(session, job_id)
 
     async def _absorb_stored(
@@ -412,6 +414,9 @@ class DiagnosisFlow:
 
     async def _store(self, job_id: str, verdict: Verdict, digest: str, hang: bool = False) -> str:
         async with self.sessions.begin() as session:
+            # Other replicas may hold streams of this job: one writer of its diagnosis at a time,
+            # and each reads what the one before stored (docs/scale-out.md).
+            await locks.hold(session, locks.job(job_id))
             row = await active_for_job(session, job_id)
             if hang and row is not None and row.failure_type not in HANG_TYPES:
                 # Another incident is open (a restarted attempt's old failure, say): a hang is
@@ -463,7 +468,8 @@ class DiagnosisFlow:
         a rule's. Cordons were already held to the evidence by the answer check.
         """
         async with self._job_lock(job_id), self.sessions.begin() as session:
-            row = await session.get(DiagnosisRow, diagnosis_id)
+            await locks.hold(session, locks.job(job_id))
+            row = await session.get(DiagnosisRow, diagnosis_id, populate_existing=True)
             if row is None or row.status not in ACTIVE:
                 return
             row.llm = record
@@ -498,6 +504,7 @@ class DiagnosisFlow:
         A restart it recommended and the operator has not claimed yet is superseded: the job
         runs again without it."""
         async with self.sessions.begin() as session:
+            await locks.hold(session, locks.job(job_id))
             row = await active_for_job(session, job_id)
             if row is None or row.failure_type not in HANG_TYPES or row.source == Source.HUMAN:
                 return []
