@@ -301,6 +301,17 @@ class HangSettings(BaseModel):
     `escalate` to leave it to a person (docs/hangs.md)."""
 
 
+class ReplicaSettings(BaseModel):
+    """Several replicas on one PostgreSQL: see docs/scale-out.md."""
+
+    id: str | None = Field(default=None, min_length=1, max_length=253)
+    """This replica's name in job leases; default `<hostname>:<pid>` (the pod name in
+    Kubernetes)."""
+    lease_s: float = Field(default=10.0, ge=1.0, le=300.0)
+    """A job's owner renews its lease every third of this; a survivor takes the job over this
+    long after its owner died (a clean stop hands it over at once)."""
+
+
 class SignalSettings(BaseModel):
     """Training signals read from progress lines: see docs/compression.md "Training signals"."""
 
@@ -343,6 +354,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     actions: ActionSettings = ActionSettings()
     hang: HangSettings = HangSettings()
+    replica: ReplicaSettings = ReplicaSettings()
     signals: SignalSettings = SignalSettings()
     notify: NotifySettings = NotifySettings()
 
