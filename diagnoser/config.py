@@ -85,6 +85,9 @@ class LlmSettings(BaseModel):
     """An escalation is asked once its trace has been quiet this long (a storm settles first)."""
     workers: int = Field(default=2, ge=1, le=64)
     queue_size: int = Field(default=256, ge=1)
+    sweep_interval_s: float = Field(default=30.0, gt=0)
+    """How often pending escalations are looked for in the database: a restart's leftovers,
+    a full queue's, and a dead replica's (docs/scale-out.md)."""
     redact_patterns: list[str] = Field(default_factory=list)
     """Extra regexes whose matches are removed before text leaves for the LLM."""
     retrieval_examples: int = Field(default=3, ge=0, le=10)
