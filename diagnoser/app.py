@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import logging
+import os
+import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ from diagnoser.diagnosis.escalation import AGREEMENT_BUCKETS, Escalator
 from diagnoser.diagnosis.flow import DiagnosisFlow
 from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
+from diagnoser.diagnosis.ownership import JobOwnership
 from diagnoser.ingest.admission import Admission
 from diagnoser.ingest.writer import StreamLocks, StreamWriter
 from diagnoser.llm.breaker import BreakerState, CircuitBreaker
@@ -64,6 +68,8 @@ from diagnoser.store.kept_lines import KeptLineStore
 from diagnoser.store.migrate import head_revision, upgrade
 from diagnoser.templates.log_agent import LogAgent, LogAgentPrompt
 from diagnoser.templates.stage import CompressionStage
+
+logger = logging.getLogger(__name__)
 
 FILTER_SYNC_INTERVAL_S = 2.0
 """How often learned filters reach the database and other replicas' changes come back."""
@@ -184,6 +190,8 @@ def _start_workers(
     if flow.escalator is not None:
         background.start_soon(flow.escalator.run)
     background.start_soon(publisher.run, settings.actions.poll_interval_s)
+    if flow.ownership is not None:
+        background.start_soon(flow.ownership.run)
     _start_log_agent(background, settings, llm, stage)
     _start_notifier(background, settings, sessions, publisher.wake)
 
@@ -213,10 +221,13 @@ def _flow(
     stage: DiagnosisStage,
     hub: DiagnosisHub,
     redis: Redis | None,
+    database: DatabaseUrl,
 ) -> tuple[DiagnosisFlow, ActionPublisher]:
     """The flow judges plans by the configured action policy and wakes claimers after its
-    commits; the publisher relays released actions to Redis."""
+    commits, and judges the stalls of the jobs this replica owns; the publisher relays
+    released actions to Redis."""
     flow = DiagnosisFlow(sessions, stage, hub)
+    flow.ownership = _ownership(settings, database, sessions, stage)
     wake = ActionWake()
     flow.action_policy = PolicyConfig.from_settings(settings.actions, settings.llm.min_agreement)
     flow.actions_changed = wake.notify
@@ -255,6 +266,31 @@ async def _gate(settings: Settings, sessions: Sessions) -> Gate:
     return Gate(settings.auth, settings.host, sessions)
 
 
+def _ownership(
+    settings: Settings, database: DatabaseUrl, sessions: Sessions, stage: DiagnosisStage
+) -> JobOwnership | None:
+    """Job leases on PostgreSQL, where replicas share the database; the embedded SQLite
+    service is one process and judges every job it sees (docs/scale-out.md)."""
+    if database.backend != "postgresql":
+        return None
+    replica = settings.replica.id or f"{socket.gethostname()}:{os.getpid()}"
+    return JobOwnership(sessions, stage, replica, settings.replica.lease_s)
+
+
+async def _close(sessions: Sessions, ownership: JobOwnership | None) -> None:
+    """A clean stop hands this replica's jobs over at once (a failure leaves the leases to run
+    out), then closes the database."""
+    if ownership is not None:
+        try:
+            with anyio.fail_after(5):
+                await ownership.release()
+        except Exception:
+            logger.warning(
+                "could not release job leases; they run out by themselves", exc_info=True
+            )
+    await sessions.close()
+
+
 def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
     database = parse_database_url(settings.database_url)
     metrics = Metrics()
@@ -281,7 +317,7 @@ def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
         kept_lines = KeptLineStore(sessions, compression_stage)
         hub = DiagnosisHub()
         metrics.diagnosis_watchers.set_function(lambda: hub.watchers)
-        flow, publisher = _flow(settings, sessions, stage, hub, redis)
+        flow, publisher = _flow(settings, sessions, stage, hub, redis, database)
         writer = StreamWriter(
             sessions,
             pipeline,
@@ -336,7 +372,7 @@ def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
             if llm is not None:
                 metrics.registry.unregister(llm[1])
                 await llm[0].aclose()
-            await sessions.close()
+            await _close(sessions, flow.ownership)
 
     # /docs and /redoc with their scripts served by this process: offline clusters see them too.
     app = FastAPIOffline(

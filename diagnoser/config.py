@@ -88,6 +88,9 @@ class LlmSettings(BaseModel):
     """An escalation is asked once its trace has been quiet this long (a storm settles first)."""
     workers: int = Field(default=2, ge=1, le=64)
     queue_size: int = Field(default=256, ge=1)
+    sweep_interval_s: float = Field(default=30.0, gt=0)
+    """How often pending escalations are looked for in the database: a restart's leftovers,
+    a full queue's, and a dead replica's (docs/scale-out.md)."""
     redact_patterns: list[str] = Field(default_factory=list)
     """Extra regexes whose matches are removed before text leaves for the LLM."""
     retrieval_examples: int = Field(default=3, ge=0, le=10)
@@ -304,6 +307,17 @@ class HangSettings(BaseModel):
     `escalate` to leave it to a person (docs/hangs.md)."""
 
 
+class ReplicaSettings(BaseModel):
+    """Several replicas on one PostgreSQL: see docs/scale-out.md."""
+
+    id: str | None = Field(default=None, min_length=1, max_length=253)
+    """This replica's name in job leases; default `<hostname>:<pid>` (the pod name in
+    Kubernetes)."""
+    lease_s: float = Field(default=10.0, ge=1.0, le=300.0)
+    """A job's owner renews its lease every third of this; a survivor takes the job over this
+    long after its owner died (a clean stop hands it over at once)."""
+
+
 class SignalSettings(BaseModel):
     """Training signals read from progress lines: see docs/compression.md "Training signals"."""
 
@@ -346,6 +360,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     actions: ActionSettings = ActionSettings()
     hang: HangSettings = HangSettings()
+    replica: ReplicaSettings = ReplicaSettings()
     signals: SignalSettings = SignalSettings()
     notify: NotifySettings = NotifySettings()
 

@@ -32,8 +32,6 @@ from diagnoser.store.models import EscalationRow, utcnow
 
 logger = logging.getLogger(__name__)
 
-SWEEP_INTERVAL_S = 30.0
-
 ApplyVerdict = Callable[[str, str, dict[str, Any]], Awaitable[None]]
 """(diagnosis_id, job_id, verdict record) -> None: the flow's `apply_llm`."""
 
@@ -220,4 +218,4 @@ class Escalator:
                     self._enqueue(escalation_id)
             except Exception:
                 logger.exception("sweep of pending escalations failed")
-            await asyncio.sleep(SWEEP_INTERVAL_S)
+            await asyncio.sleep(self.settings.sweep_interval_s)

@@ -39,8 +39,10 @@ from diagnoser.diagnosis.hang import HANG_TYPES, Lifecycle, LifecycleEvent
 from diagnoser.diagnosis.hang import RULE_ID as HANG_RULE_ID
 from diagnoser.diagnosis.hub import DiagnosisHub
 from diagnoser.diagnosis.live import DiagnosisStage
+from diagnoser.diagnosis.ownership import JobOwnership
 from diagnoser.diagnosis.schemas import DiagnosisStatus, DiagnosisView
 from diagnoser.rules import Action, Category, RuleEvent, RuleSet, Scope, Severity
+from diagnoser.store import locks
 from diagnoser.store.database import Sessions
 from diagnoser.store.diagnoses import (
     ACTIVE,
@@ -219,6 +221,8 @@ class DiagnosisFlow:
         self._lock_users: Counter[str] = Counter()
         self.escalator: Escalator | None = None
         """The LLM stage, when one is configured: inconclusive diagnoses are handed to it."""
+        self.ownership: JobOwnership | None = None
+        """Which jobs' stalls this replica judges (None: every job it sees, one process)."""
 
     async def settle(self, job_id: str) -> list[str]:
         """Persist the job's verdict if it changed; return the ids of diagnoses it touched."""
@@ -242,11 +246,20 @@ class DiagnosisFlow:
     async def report_stalls(self, timeout_s: float) -> list[str]:
         """Store a hang diagnosis for every running job stalled past its window (diagnosis/hang.py).
 
-        Each job is handled on its own: a failed store leaves that job to the next round.
+        With several replicas (`ownership`), only the job's owner judges its stall, after it
+        has merged what the others saw of the job; a hang another replica stored is adopted,
+        not reported again, and progress anywhere resolves it. Each job is handled on its
+        own: a failed store leaves that job to the next round.
         """
         stored = []
+        if self.ownership is not None:
+            await self._resume_elsewhere(self.ownership)
         for job_id, window_s in self.stage.stall_candidates(timeout_s):
             try:
+                if self.ownership is not None:
+                    if not self.ownership.owns(job_id):
+                        continue  # another replica watches this job's stalls
+                    await self.ownership.remote(job_id)
                 if self.stage.needs_lifecycle(job_id, window_s):
                     self.stage.load_lifecycle(job_id, await self._lifecycle(job_id))
                 found = self.stage.hang(job_id, window_s)
@@ -254,6 +267,9 @@ class DiagnosisFlow:
                     continue
                 verdict, ruleset, since = found
                 async with self._job_lock(job_id):
+                    if await self._hang_stored(job_id):
+                        self.stage.adopt_hang(job_id)
+                        continue
                     if await self._failure_stored(job_id):
                         continue  # the live state had lost it: a failure, not a hang, stopped it
                     stored.append(await self._store(job_id, verdict, ruleset.digest, hang=True))
@@ -263,6 +279,21 @@ class DiagnosisFlow:
             except Exception:
                 logger.exception("hang check for job %s failed; the next round retries", job_id)
         return stored
+
+    async def _resume_elsewhere(self, ownership: JobOwnership) -> None:
+        """Hung jobs whose progress came back on another replica are resolved here."""
+        for job_id in self.stage.hung_jobs():
+            try:
+                await ownership.remote(job_id)
+                if self.stage.take_resumed(job_id):
+                    try:
+                        async with self._job_lock(job_id):
+                            await self._resolve_hang(job_id)
+                    except Exception:
+                        self.stage.flag_resumed(job_id)
+                        raise
+            except Exception:
+                logger.exception("resume check for job %s failed; the next round retries", job_id)
 
     async def watch_stalls(self, timeout_s: float, interval_s: float) -> None:
         """The service's hang detector: look for stalled jobs every `interval_s`, forever."""
@@ -378,6 +409,7 @@ class DiagnosisFlow:
 
     async def _end_attempt(self, job_id: str) -> None:
         async with self.sessions.begin() as session:
+            await locks.hold(session, locks.job(job_id))
             await end_attempt(session, job_id)
 
     async def _absorb_stored(
@@ -399,6 +431,13 @@ class DiagnosisFlow:
             return None
         return self.stage.absorb(job_id, events, await job_nodes(session, job_id))
 
+    async def _hang_stored(self, job_id: str) -> bool:
+        """The job's open diagnosis is a hang already (another replica, or this one before a
+        restart, reported the stall)."""
+        async with self.sessions.begin() as session:
+            row = await active_for_job(session, job_id)
+            return row is not None and row.failure_type in HANG_TYPES
+
     async def _failure_stored(self, job_id: str) -> bool:
         """The job's open diagnosis is a failure of this attempt that its live state does not
         know (restart, eviction): that failure explains the stall. The live state takes its
@@ -412,6 +451,9 @@ class DiagnosisFlow:
 
     async def _store(self, job_id: str, verdict: Verdict, digest: str, hang: bool = False) -> str:
         async with self.sessions.begin() as session:
+            # Other replicas may hold streams of this job: one writer of its diagnosis at a time,
+            # and each reads what the one before stored (docs/scale-out.md).
+            await locks.hold(session, locks.job(job_id))
             row = await active_for_job(session, job_id)
             if hang and row is not None and row.failure_type not in HANG_TYPES:
                 # Another incident is open (a restarted attempt's old failure, say): a hang is
@@ -463,7 +505,8 @@ class DiagnosisFlow:
         a rule's. Cordons were already held to the evidence by the answer check.
         """
         async with self._job_lock(job_id), self.sessions.begin() as session:
-            row = await session.get(DiagnosisRow, diagnosis_id)
+            await locks.hold(session, locks.job(job_id))
+            row = await session.get(DiagnosisRow, diagnosis_id, populate_existing=True)
             if row is None or row.status not in ACTIVE:
                 return
             row.llm = record
@@ -498,6 +541,7 @@ class DiagnosisFlow:
         A restart it recommended and the operator has not claimed yet is superseded: the job
         runs again without it."""
         async with self.sessions.begin() as session:
+            await locks.hold(session, locks.job(job_id))
             row = await active_for_job(session, job_id)
             if row is None or row.failure_type not in HANG_TYPES or row.source == Source.HUMAN:
                 return []

@@ -100,6 +100,12 @@ class JobState:
 
     batches: int = 0
     """Batches seen: a job that sent one is new, perhaps junk, and the first to be evicted."""
+    remote_line_at: float = 0.0
+    remote_step_at: float | None = None
+    """The newest line and step advance other replicas saw for the job (its streams may be
+    spread over several): a stall is the whole job's, not this replica's share of it."""
+    shared: tuple[float, float | None] | None = None
+    """(last_line_at, last_step_at) as last handed to `take_activity`."""
 
     @property
     def keep(self) -> int:
@@ -112,8 +118,12 @@ class JobState:
 
     @property
     def since(self) -> float:
-        """Where the current stall starts: the last step, or the last line for a job without."""
-        return self.last_step_at if self.last_step_at is not None else self.last_line_at
+        """Where the current stall starts: the last step, or the last line for a job without;
+        on any replica (`remote_*`)."""
+        steps = [t for t in (self.last_step_at, self.remote_step_at) if t is not None]
+        if steps:
+            return max(steps)
+        return max(self.last_line_at, self.remote_line_at)
 
     def add(self, events: list[RuleEvent]) -> None:
         for event in events:
@@ -311,6 +321,50 @@ class DiagnosisStage:
                 found.append((job_id, window_s))
         return found
 
+    def take_activity(self) -> dict[str, tuple[float, float | None]]:
+        """(last line, last step advance) of every job whose own activity changed since the
+        last call: what this replica tells the others (diagnosis/ownership.py)."""
+        changed = {}
+        for job_id, state in self.jobs.items():
+            mine = (state.last_line_at, state.last_step_at)
+            if mine != state.shared and state.last_line_at:
+                state.shared = changed[job_id] = mine
+        return changed
+
+    def unshare(self, job_ids: Collection[str]) -> None:
+        """The activity `take_activity` gave for these jobs was not stored: give it again."""
+        for job_id in job_ids:
+            state = self.jobs.get(job_id)
+            if state is not None:
+                state.shared = None
+
+    def merge_remote(self, job_id: str, line_at: float, step_at: float | None) -> None:
+        """The job's newest line and step advance on the other replicas. Progress there after
+        a reported hang resumes it here, as a line seen here would."""
+        state = self.jobs.get(job_id)
+        if state is None:
+            return
+        before = state.since
+        state.remote_line_at = max(state.remote_line_at, line_at)
+        if step_at is not None:
+            state.remote_step_at = max(state.remote_step_at or step_at, step_at)
+        if state.hung_since is not None and state.since > before:
+            state.hung_since = None
+            state.resumed = True
+            self._file(job_id, state)
+
+    def hung_jobs(self) -> list[str]:
+        """Jobs this replica holds a stored hang for: progress elsewhere must resolve it."""
+        return [job_id for job_id, state in self.jobs.items() if state.hung_since is not None]
+
+    def adopt_hang(self, job_id: str) -> None:
+        """Another replica stored the hang of this job's current stall: it is not reported
+        again, and progress seen here resolves it."""
+        state = self.jobs.get(job_id)
+        if state is not None and state.hung_since is None:
+            state.hung_since = state.since
+            self._file(job_id, state)
+
     def hang(self, job_id: str, window_s: float) -> tuple[Verdict, RuleSet, float] | None:
         """The job's hang verdict, if it is running and its logs do not say it finished; also
         the `since` to pass to `mark_hung`. A stall that is not a hang is not asked about again
@@ -319,6 +373,8 @@ class DiagnosisStage:
         if state is None or state.failing or state.dirty or state.hung_since is not None:
             return None
         now = self.clock()
+        if now - state.since < window_s:
+            return None  # progress on another replica moved the stall's start
         lifecycle = state.lifecycle or hang.Lifecycle()
         tails = [
             hang.NodeTail(node, tuple(lines), state.node_last_at.get(node, 0.0))

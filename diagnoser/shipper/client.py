@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import NoReturn, Protocol, TypeVar
 from urllib.parse import quote
@@ -157,9 +157,23 @@ class Shipper:
     progress: Progress
     policy: UploadPolicy = field(default_factory=UploadPolicy)
     stop: Stop = field(default_factory=Stop)
+    fallbacks: tuple[str, ...] = ()
+    """Other base URLs of the same service (replicas on one database): a connection that
+    fails moves the stream to the next, which resumes it from the committed offset."""
 
     def __post_init__(self) -> None:
         self._backoff = Backoff(self.policy.backoff_base_s, self.policy.backoff_cap_s)
+        self._servers = (self.target.server, *self.fallbacks)
+
+    def _fail_over(self, exc: httpx.TransportError) -> None:
+        """The next server in the list, when the transport failed (refused, reset, timed out);
+        an answer from a server, even an error, keeps the stream where it is."""
+        if len(self._servers) < 2:
+            return
+        at = self._servers.index(self.target.server)
+        server = self._servers[(at + 1) % len(self._servers)]
+        self.progress.warn(f"{_describe(exc)}: switching to {server}")
+        self.target = replace(self.target, server=server)
 
     def run(self) -> None:
         """Raises ShipError for what retrying cannot fix; returns when done or stopped."""
@@ -191,6 +205,7 @@ class Shipper:
                     headers=TEXT,
                 )
             except httpx.TransportError as exc:
+                self._fail_over(exc)
                 raise _RetryableError(f"upload interrupted: {_describe(exc)}") from exc
             receipt = self._receipt(response)
         except _OffsetGapError as gap:
@@ -236,6 +251,7 @@ class Shipper:
                         headers=TEXT,
                     )  # fmt: skip
                 except httpx.TransportError as exc:
+                    self._fail_over(exc)
                     raise _RetryableError(f"upload interrupted: {_describe(exc)}") from exc
                 receipt = self._receipt(response)
             except (_RetryableError, _OffsetGapError) as exc:
@@ -342,6 +358,7 @@ class Shipper:
         try:
             response = self.http.get(self.target.logs_url, params=self.target.params())
         except httpx.TransportError as exc:
+            self._fail_over(exc)
             raise _RetryableError(_describe(exc)) from exc
         if response.status_code == 404:
             return StreamState(committed_offset=0, lines=0)

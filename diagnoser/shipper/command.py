@@ -42,6 +42,17 @@ HTTP_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=30.0, pool=5.0)
 ServerOption = Annotated[
     str, typer.Option("--server", help="Base URL of the diagnoser service.", show_default=False)
 ]
+ServersOption = Annotated[
+    list[str],
+    typer.Option(
+        "--server",
+        help=(
+            "Base URL of the diagnoser service; repeat it for replicas without a load balancer "
+            "in front: a failed connection moves the stream to the next."
+        ),
+        show_default=False,
+    ),
+]
 JobOption = Annotated[str, typer.Option("--job", help="Training job id.", show_default=False)]
 NodeOption = Annotated[str, typer.Option("--node", help="Node (host) name.", show_default=False)]
 RankOption = Annotated[int | None, typer.Option("--rank", min=0, help="Rank on the node.")]
@@ -65,7 +76,7 @@ def ship(
         str,
         typer.Argument(metavar="PATH|-", help="Log file to ship, or - for standard input."),
     ],
-    server: ServerOption,
+    server: ServersOption,
     job: JobOption,
     node: NodeOption,
     rank: RankOption = None,
@@ -93,8 +104,9 @@ def ship(
     """Stream a log file (or stdin) to the diagnoser; resume after failures, losing and doubling
     no line."""
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    target = StreamTarget(server=server, job=job, node=node, rank=rank, stream=stream)
-    problem = check_server_url(server) or _check_path(path, follow=follow)
+    target = StreamTarget(server=server[0], job=job, node=node, rank=rank, stream=stream)
+    problem = next(filter(None, map(check_server_url, server)), None)
+    problem = problem or _check_path(path, follow=follow)
     if problem:
         raise _fail(console, problem, ExitCode.USAGE)
     policy = UploadPolicy(
@@ -118,7 +130,7 @@ def ship(
             httpx.Client(headers=headers, timeout=HTTP_TIMEOUT) as http,
             progress,
         ):
-            Shipper(target, source, http, progress, policy, stop).run()
+            Shipper(target, source, http, progress, policy, stop, tuple(server[1:])).run()
     except ShipError as exc:
         raise _fail(console, str(exc), exc.exit_code) from None
     except OSError as exc:
@@ -129,7 +141,7 @@ def ship(
     finally:
         if isinstance(source, FileFollower):
             source.close()
-    where = f"{server} job {job} stream {target.stream_id}"
+    where = f"{server[0]} job {job} stream {target.stream_id}"
     console.print(progress.summary(where), markup=False)
 
 

@@ -31,6 +31,7 @@ from diagnoser.actions.policy import (
     judge,
 )
 from diagnoser.llm.redaction import Redactor
+from diagnoser.store import locks
 from diagnoser.store.cursor import decode_cursor, encode_cursor
 from diagnoser.store.models import (
     ActionOptOutRow,
@@ -176,7 +177,12 @@ async def write_plan(
     now: datetime,
     known: History | None = None,
 ) -> list[ActionRow]:
-    """Judge the plan and write it; returns the rows written (an existing key: skipped)."""
+    """Judge the plan and write it; returns the rows written (an existing key: skipped).
+
+    One judge at a time across replicas (`locks.POLICY`, until the caller commits): the blast
+    radius, cooldown and budget count the actions written before, including another replica's.
+    """
+    await locks.hold(session, locks.POLICY)
     keys = [p.key for p in planned]
     existing = set(
         await session.scalars(
@@ -617,12 +623,17 @@ async def changed_since(
 
 
 async def unpublished(session: AsyncSession, limit: int = 500) -> list[ActionRow]:
-    """Released actions the Redis relay has not added to the stream yet."""
+    """Released actions the Redis relay has not added to the stream yet.
+
+    Locked until the caller commits, skipping rows another replica's relay holds: two relays
+    never add the same action (on SQLite the write gate serialises them).
+    """
     query = (
         select(ActionRow)
         .where(ActionRow.released_at.is_not(None), ActionRow.published_at.is_(None))
         .order_by(ActionRow.id)
         .limit(limit)
+        .with_for_update(skip_locked=True)
     )
     return list(await session.scalars(query))
 

@@ -378,3 +378,30 @@ class KeptLineRow(Base):
     template: Mapped[str | None] = mapped_column(Text)
     """The template's text, for guarded lines (a storm's label)."""
     guarded: Mapped[str | None] = mapped_column(String(32))
+
+
+class JobOwnerRow(Base):
+    """Which replica owns a job: it alone runs the job's hang detection (docs/scale-out.md).
+
+    A lease: the owner renews `lease_until` every third of it; any replica holding streams of
+    the job takes a row whose lease ran out (its owner died or stopped without releasing)."""
+
+    __tablename__ = "job_owners"
+
+    job_id: Mapped[str] = mapped_column(String(253), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(253), index=True)
+    lease_until: Mapped[datetime] = mapped_column(UtcDateTime)
+    taken_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class JobActivityRow(Base):
+    """The newest line and step advance one replica saw for a job: the owner's hang detector
+    reads every replica's, since the job's streams may be spread over several."""
+
+    __tablename__ = "job_activity"
+
+    job_id: Mapped[str] = mapped_column(String(253), primary_key=True)
+    replica: Mapped[str] = mapped_column(String(253), primary_key=True)
+    last_line_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    last_step_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)

@@ -7,6 +7,7 @@ between its timeouts and its Xid. The restart case runs over HTTP in tests/api/t
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -215,3 +216,36 @@ def test_an_update_never_drops_stored_evidence_rule_ids_or_ranks() -> None:
     assert [e["text"] for e in row.evidence] == [XID79.strip(), "the hang's last line"]
     assert row.rule_ids == ["xid_fallen_off_bus", "old_rule"]
     assert row.affected_ranks == [70]
+
+
+def replica(sessions: Sessions) -> Service:
+    """One replica's stage, flow and writer on a shared database."""
+    clock = Clock()
+    stage = DiagnosisStage(RuleRegistry(ROOT / "rules"), clock=clock)
+    flow = DiagnosisFlow(sessions, stage, DiagnosisHub())
+    writer = StreamWriter(sessions, Pipeline([stage]), IngestSettings(), StreamLocks())
+    return Service(sessions, stage, flow, writer, clock)
+
+
+async def test_two_replicas_settling_one_job_at_once_store_one_diagnosis(postgres_url: str) -> None:
+    """Replica A holds node 1's timeouts, B node 3's Xid; both settle at the same moment: the
+    per-job lock makes the second read and extend the first's diagnosis, not add another."""
+    db = parse_database_url(postgres_url)
+    upgrade(db)
+    a, b = (replica(Sessions(create_service_engine(db), db)) for _ in range(2))
+    try:
+        for round_ in range(5):
+            job = f"split-{round_}"
+            await a.post(job, "node-1", TIMEOUTS)
+            await b.post(job, "node-3", XID79)
+            await asyncio.gather(a.flow.settle(job), b.flow.settle(job))
+            async with a.sessions() as session:
+                rows = list(
+                    await session.scalars(select(DiagnosisRow).where(DiagnosisRow.job_id == job))
+                )
+            assert [(r.action, r.culprit_nodes) for r in rows] == [
+                ("cordon_node_and_restart", ["node-3"])
+            ]
+    finally:
+        await a.sessions.close()
+        await b.sessions.close()

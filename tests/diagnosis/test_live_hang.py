@@ -221,3 +221,31 @@ def test_a_late_first_started_is_not_a_restart(stage: DiagnosisStage, clock: Clo
     send(stage, steps(1, 5))
     started(stage, clock)  # the launcher's first word arrives after the shipper's lines
     assert stage.jobs["job"].progress.last_step == 5
+
+
+def test_progress_on_another_replica_moves_the_stall_and_resumes_a_hang(
+    stage: DiagnosisStage, clock: Clock
+) -> None:
+    """This replica holds a quiet share of the job's streams; the others' steps (merged from
+    the database) keep it from being a hang, and resume it once it is one."""
+    started(stage, clock)
+    send(stage, steps(1, 5))
+    assert stage.take_activity() == {"job": (clock.now, clock.now)}
+    assert stage.take_activity() == {}  # told once until it changes
+    clock.now += WINDOW + 1
+    assert candidates(stage) == ["job"]
+    stage.merge_remote("job", clock.now - 10, clock.now - 10)  # another replica stepped
+    assert stage.hang("job", WINDOW) is None
+    assert candidates(stage) == []
+
+    clock.now += WINDOW
+    found = stage.hang("job", WINDOW)
+    assert found is not None
+    verdict, _, since = found
+    assert stage.mark_hung("job", since, verdict) is True
+    assert stage.hung_jobs() == ["job"]
+    stage.merge_remote("job", clock.now, None)  # lines, no step: still hung
+    assert not stage.take_resumed("job")
+    stage.merge_remote("job", clock.now, clock.now)
+    assert stage.take_resumed("job")
+    assert stage.hung_jobs() == []

@@ -87,6 +87,23 @@ def test_unreachable_server_exits_2_after_the_start_timeout(tmp_path: Path) -> N
     assert "cannot reach http://127.0.0.1:" in one_error_line(result)
 
 
+def test_a_second_server_takes_the_stream_when_the_first_is_unreachable(
+    contract_server: LogServer, job: str, tmp_path: Path
+) -> None:
+    """Replicas without a load balancer: `--server` repeated; a refused connection moves the
+    stream to the next URL, which resumes it from the committed offset."""
+    path = tmp_path / "train.log"
+    path.write_bytes(log_lines(0, 1000))
+    down = f"http://127.0.0.1:{free_port()}"
+    result = ship(str(path), "--server", down, "--server", contract_server.url, "--job", job,
+                  "--node", "n1")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    state = contract_server.state(job, "n1")
+    assert state is not None
+    assert (state.lines, state.committed_offset) == (1000, path.stat().st_size)
+    assert f"switching to {contract_server.url}" in result.stderr.decode()
+
+
 def test_missing_file_exits_2(tmp_path: Path) -> None:
     result = ship(str(tmp_path / "nope.log"), "--server", "http://127.0.0.1:9", "--job", "j",
                   "--node", "n1")  # fmt: skip

@@ -412,3 +412,36 @@ async def test_postgres_claims_skip_rows_another_claim_holds(postgres_url: str) 
             assert [a.id for a in other] == [first.id + 1]
     finally:
         await sessions.close()
+
+
+async def test_the_blast_radius_holds_across_replicas_judging_at_once(postgres_url: str) -> None:
+    """Five replicas (five engines) store a cordon each at the same moment: the policy counts
+    what the others wrote, so 20 known nodes at 10% still give two cordons, not five."""
+    db = parse_database_url(postgres_url)
+    upgrade(db)
+    replicas = [Sessions(create_service_engine(db), db) for _ in range(5)]
+    try:
+        async with replicas[0].begin() as session:
+            for i in range(5):
+                session.add(JobRow(id=f"job-{i}", namespace="ml", kind="PyTorchJob", name="j"))
+            await session.flush()
+            session.add_all(
+                LogStreamRow(job_id=f"job-{i % 5}", stream=f"rank-{i}", node=f"node-{i}", rank=i)
+                for i in range(20)
+            )
+        await asyncio.gather(
+            *(
+                diagnose(replica, job=f"job-{i}", culprits=(f"node-{i}",))
+                for i, replica in enumerate(replicas)
+            )
+        )
+        async with replicas[0]() as session:
+            states = list(
+                await session.scalars(
+                    select(ActionRow.state).where(ActionRow.kind == "cordon_node")
+                )
+            )
+        assert sorted(states) == ["pending", "pending", "suppressed", "suppressed", "suppressed"]
+    finally:
+        for replica in replicas:
+            await replica.close()
