@@ -248,7 +248,6 @@ class Pruner:
             after = jobs[-1]
             await self._prune_jobs(report, [job_id for _, job_id in jobs], cutoffs)
         report.seconds = time.monotonic() - started
-        self.totals.rows.update(report.rows)
         self.totals.passes_ok += 1
         self.totals.last_success = time.time()
         if report.total:
@@ -267,19 +266,24 @@ class Pruner:
                 delete_job_rows, table=table, ids=ids, cutoff=cutoffs.lines, limit=limit
             )
             while (gone := await self._step(report, step)) > 0:
-                report.rows[table.name] += gone
+                self._count(report, Counter({table.name: gone}))
                 if gone < limit:
                     break
         compression = functools.partial(delete_compression, ids=ids, cutoff=cutoffs.lines)
-        report.rows[COMPRESSION.name] += await self._step(report, compression)
+        self._count(report, Counter({COMPRESSION.name: await self._step(report, compression)}))
         if cutoffs.diagnoses is not None:
             diagnoses = functools.partial(delete_diagnoses, ids=ids, cutoffs=cutoffs, limit=limit)
             while counts := await self._step(report, diagnoses):
-                report.rows.update(counts)
+                self._count(report, counts)
                 if counts[DIAGNOSES.name] < limit:
                     break
         jobs = functools.partial(delete_jobs, ids=ids, cutoff=cutoffs.lines)
-        report.rows[JOBS.name] += await self._step(report, jobs)
+        self._count(report, Counter({JOBS.name: await self._step(report, jobs)}))
+
+    def _count(self, report: PruneReport, rows: Counter[str]) -> None:
+        """As each transaction commits: /metrics follows a long pass."""
+        report.rows.update(rows)
+        self.totals.rows.update(rows)
 
     async def _step(self, report: PruneReport, fn: Callable[[Connection], T]) -> T:
         """One transaction, then the pause that lets ingest's writes in."""
