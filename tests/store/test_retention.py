@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -10,9 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from pydantic import ValidationError
 from sqlalchemy import Connection, Table, func, insert, select, update
 
+from diagnoser import cli
 from diagnoser.config import RetentionSettings
 from diagnoser.store.database import (
     Sessions,
@@ -324,3 +327,27 @@ def test_ingest_keeps_answering_while_a_large_prune_runs(
         streams = client.get("/v1/jobs/live").json()["streams"]
     assert {s["stream"]: s["lines"] for s in streams} == dict(accepted)
     assert {s["stream"]: s["committed_offset"] for s in streams} == dict(sent)
+
+
+def test_the_cli_prunes_once_and_says_what_went(tmp_path: Path) -> None:
+    db = parse_database_url(f"sqlite:///{tmp_path / 'diagnoser.db'}")
+    upgrade(db)
+    engine = create_sync_engine(db)
+    with engine.begin() as conn:
+        seed(conn, utcnow())
+    engine.dispose()
+    runner = CliRunner()
+    prune = ["prune", "--data-dir", str(tmp_path)]
+
+    off = runner.invoke(cli.command(), prune, prog_name="diagnoser")
+    assert off.exit_code == 2
+    assert "retention is off" in off.output
+
+    done = runner.invoke(
+        cli.command(), [*prune, "--days", "30", "--diagnosis-days", "90", "--json"]
+    )
+    assert done.exit_code == 0, done.output
+    counts = json.loads(done.output)
+    assert counts["rows"]["kept_lines"] == 40
+    assert counts["rows"]["diagnoses"] == 1
+    assert counts["total"] == sum(counts["rows"].values())
