@@ -52,7 +52,13 @@ from diagnoser.llm.breaker import BreakerState, CircuitBreaker
 from diagnoser.llm.cache import VerdictCache
 from diagnoser.llm.client import LlmClient
 from diagnoser.llm.redaction import Redactor
-from diagnoser.observability import LlmCollector, Metrics, MetricsMiddleware, PipelineCollector
+from diagnoser.observability import (
+    LlmCollector,
+    Metrics,
+    MetricsMiddleware,
+    PipelineCollector,
+    RetentionCollector,
+)
 from diagnoser.pipeline import LineCounter, Pipeline
 from diagnoser.reload import RuleReloader
 from diagnoser.rules import Action, RuleRegistry, RuleSet
@@ -66,6 +72,8 @@ from diagnoser.store.database import (
 from diagnoser.store.filters import FilterStore
 from diagnoser.store.kept_lines import KeptLineStore
 from diagnoser.store.migrate import head_revision, upgrade
+from diagnoser.store.retention import TABLES as RETENTION_TABLES
+from diagnoser.store.retention import Pruner
 from diagnoser.templates.log_agent import LogAgent, LogAgentPrompt
 from diagnoser.templates.stage import CompressionStage
 
@@ -184,9 +192,11 @@ def _start_workers(
     publisher: ActionPublisher,
     llm: tuple[LlmClient, LlmCollector] | None,
     stage: CompressionStage,
+    metrics: Metrics,
 ) -> None:
     """The background workers beside ingest: the LLM escalator and Log Agent (when an LLM is
-    configured), the action relay, and the webhook notifier (when a destination is)."""
+    configured), the action relay, the webhook notifier (when a destination is), and
+    retention (when an age is set)."""
     if flow.escalator is not None:
         background.start_soon(flow.escalator.run)
     background.start_soon(publisher.run, settings.actions.poll_interval_s)
@@ -194,6 +204,18 @@ def _start_workers(
         background.start_soon(flow.ownership.run)
     _start_log_agent(background, settings, llm, stage)
     _start_notifier(background, settings, sessions, publisher.wake)
+    if settings.retention.enabled:
+        background.start_soon(_prune, Pruner(sessions, settings.retention), metrics)
+
+
+async def _prune(pruner: Pruner, metrics: Metrics) -> None:
+    """Retention passes until shutdown, their counts on /metrics meanwhile."""
+    collector = RetentionCollector(pruner.totals, RETENTION_TABLES)
+    metrics.registry.register(collector)
+    try:
+        await pruner.watch()
+    finally:
+        metrics.registry.unregister(collector)
 
 
 def _start_notifier(
@@ -358,7 +380,7 @@ def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
                 background.start_soon(filter_store.watch, FILTER_SYNC_INTERVAL_S)
                 background.start_soon(kept_lines.watch, FILTER_SYNC_INTERVAL_S)
                 _start_workers(
-                    background, settings, sessions, flow, publisher, llm, compression_stage
+                    background, settings, sessions, flow, publisher, llm, compression_stage, metrics
                 )
                 try:
                     yield

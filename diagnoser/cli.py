@@ -182,6 +182,75 @@ def migrate(data_dir: DataDirOption = None, database_url: DatabaseUrlOption = No
     err.print(f"database {database.redacted()} is at revision {head_revision()}", markup=False)
 
 
+@app.command()
+def prune(
+    data_dir: DataDirOption = None,
+    database_url: DatabaseUrlOption = None,
+    days: Annotated[
+        float | None,
+        typer.Option(
+            metavar="DAYS", help="Prune jobs idle this long [env DIAGNOSER_RETENTION__DAYS]"
+        ),
+    ] = None,
+    diagnosis_days: Annotated[
+        float | None,
+        typer.Option(
+            metavar="DAYS",
+            help="Diagnoses not updated this long go too; 0 keeps them "
+            "[env DIAGNOSER_RETENTION__DIAGNOSIS_DAYS]",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON")] = False,
+) -> None:
+    """Run one retention pass now (the service runs them by itself when retention is set).
+
+    Safe beside a running service: small transactions, and live jobs are never touched.
+    """
+    import asyncio
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from diagnoser.config import RetentionSettings
+    from diagnoser.store.database import Sessions, create_service_engine
+    from diagnoser.store.migrate import upgrade
+    from diagnoser.store.retention import TABLES, Pruner, PruneReport
+
+    settings = build_settings(data_dir, database_url)
+    chosen = settings.retention.model_dump()
+    chosen.update(
+        {k: v for k, v in (("days", days), ("diagnosis_days", diagnosis_days)) if v is not None}
+    )
+    try:
+        retention = RetentionSettings.model_validate(chosen)
+    except ValidationError as exc:
+        raise fail(f"retention: {exc.errors()[0]['msg']}", 2) from None
+    if not retention.enabled:
+        raise fail("retention is off: give --days or set DIAGNOSER_RETENTION__DAYS", 2)
+    database = resolve_database(settings)
+
+    async def one_pass() -> PruneReport:
+        engine = create_service_engine(database, connect_timeout_s=settings.db.connect_timeout_s)
+        sessions = Sessions(engine, database, connect_timeout_s=settings.db.connect_timeout_s)
+        try:
+            return await Pruner(sessions, retention).prune()
+        finally:
+            await sessions.close()
+
+    try:
+        if database.sqlite_path is not None:
+            upgrade(database)  # the embedded file migrates itself, as `serve` does
+        report = asyncio.run(one_pass())
+    except SQLAlchemyError as exc:
+        raise fail(f"cannot prune {database.redacted()}: {type(exc).__name__}: {exc}") from exc
+    if as_json:
+        rows = {table: report.rows.get(table, 0) for table in TABLES}
+        typer.echo(json.dumps({"rows": rows, "total": report.total, "seconds": report.seconds}))
+        return
+    for table in TABLES:
+        typer.echo(f"{table:<20} {report.rows.get(table, 0):>10}")
+    typer.echo(f"{'total':<20} {report.total:>10}   ({report.seconds:.1f}s)")
+
+
 def _check_auth(settings: Settings, database: DatabaseUrl) -> None:
     """Refuse an open service off loopback here, with one line, rather than mid-start."""
     from diagnoser.auth.roles import startup_problem

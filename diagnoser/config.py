@@ -336,6 +336,40 @@ class SignalSettings(BaseModel):
         )
 
 
+class RetentionSettings(BaseModel):
+    """Pruning of old job data: see diagnoser/store/retention.py and docs/retention.md.
+
+    Ages count from a job's last activity (its last committed line or lifecycle event), so a
+    job still streaming keeps everything. 0 keeps forever (the default: nothing is deleted
+    until an operator chooses an age)."""
+
+    days: float = Field(default=0.0, ge=0)
+    """A job idle this long loses its kept lines, stream rows, events and compression counts;
+    its row goes too once no diagnosis refers to it."""
+    diagnosis_days: float = Field(default=0.0, ge=0)
+    """Diagnoses (with their actions, culprits, feedback and escalations) of jobs idle past
+    `days` go once not updated for this long; an action still pending or claimed holds its
+    diagnosis. 0 keeps them forever; otherwise at least `days`."""
+    batch_size: int = Field(default=1000, ge=1, le=50_000)
+    """Rows one delete transaction removes at most (jobs looked at per step, too)."""
+    interval_s: float = Field(default=3600.0, gt=0)
+    """Time between passes; the first one runs this long after start, at most a minute."""
+    pause_s: float = Field(default=0.05, ge=0)
+    """Pause between two delete transactions, so ingest's writes go between them."""
+
+    @model_validator(mode="after")
+    def _diagnoses_outlive_lines(self) -> RetentionSettings:
+        if self.diagnosis_days and not self.days:
+            raise ValueError("retention diagnosis_days needs days (the lines go first)")
+        if self.diagnosis_days and self.diagnosis_days < self.days:
+            raise ValueError("retention diagnosis_days must be at least days")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.days > 0
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="DIAGNOSER_",
@@ -363,6 +397,7 @@ class Settings(BaseSettings):
     replica: ReplicaSettings = ReplicaSettings()
     signals: SignalSettings = SignalSettings()
     notify: NotifySettings = NotifySettings()
+    retention: RetentionSettings = RetentionSettings()
 
     @property
     def database_url(self) -> str:

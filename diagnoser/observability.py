@@ -215,3 +215,47 @@ class LlmCollector(Collector):
             "1 while the LLM circuit breaker refuses calls.",
             value=1 if self.breaker_open() else 0,
         )
+
+
+class RetentionCounts(Protocol):
+    """What the retention pruner counted (diagnoser/store/retention.py RetentionTotals)."""
+
+    @property
+    def rows(self) -> Mapping[str, int]: ...
+    @property
+    def passes_ok(self) -> int: ...
+    @property
+    def passes_failed(self) -> int: ...
+    @property
+    def last_success(self) -> float | None: ...
+
+
+class RetentionCollector(Collector):
+    """Rows the retention pruner deleted, by table, and whether its passes succeed."""
+
+    def __init__(self, counts: RetentionCounts, tables: tuple[str, ...]) -> None:
+        self.counts = counts
+        self.tables = tables
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.counts
+        rows = CounterMetricFamily(
+            "diagnoser_retention_pruned_rows",
+            "Rows deleted by retention (job data past DIAGNOSER_RETENTION__DAYS), by table.",
+            labels=["table"],
+        )
+        for table in self.tables:
+            rows.add_metric([table], counts.rows.get(table, 0))
+        yield rows
+        passes = CounterMetricFamily(
+            "diagnoser_retention_passes", "Retention passes, by outcome.", labels=["outcome"]
+        )
+        passes.add_metric(["ok"], counts.passes_ok)
+        passes.add_metric(["failed"], counts.passes_failed)
+        yield passes
+        if counts.last_success is not None:
+            yield GaugeMetricFamily(
+                "diagnoser_retention_last_success_timestamp_seconds",
+                "Unix time the last retention pass completed.",
+                value=counts.last_success,
+            )

@@ -139,6 +139,7 @@ HELP_COMMANDS = [
     (), ("serve",), ("migrate",), ("diagnose",), ("ship",), ("run",), ("eval",),
     ("rules", "check"), ("rules", "test"), ("diagnoses", "list"), ("diagnoses", "show"),
     ("diagnoses", "watch"), ("token", "create"), ("token", "list"), ("token", "revoke"),
+    ("prune",),
 ]  # fmt: skip
 
 
