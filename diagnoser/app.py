@@ -111,8 +111,8 @@ class _Counts:
         return len(self.stage.jobs)
 
     @property
-    def failed_commits(self) -> int:
-        return self.writer.totals.failed_commits
+    def database_errors(self) -> int:
+        return self.writer.totals.database_errors
 
     @property
     def uncommitted_age_s(self) -> float:

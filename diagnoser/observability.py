@@ -121,7 +121,7 @@ class PipelineCounts(Protocol):
     @property
     def jobs_tracked(self) -> int: ...
     @property
-    def failed_commits(self) -> int: ...
+    def database_errors(self) -> int: ...
     @property
     def uncommitted_age_s(self) -> float: ...
     @property
@@ -154,9 +154,10 @@ class PipelineCollector(Collector):
                 counts.duplicate_bytes,
             ),
             (
-                "diagnoser_ingest_commit_failures",
-                "Stream commits that failed (database down or busy); clients resend.",
-                counts.failed_commits,
+                "diagnoser_ingest_database_errors",
+                "Stream offset reads and commits that failed (database down or busy); "
+                "the clients resend.",
+                counts.database_errors,
             ),
         ):
             yield CounterMetricFamily(name, doc, value=value)

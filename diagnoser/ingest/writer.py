@@ -59,8 +59,8 @@ class WriteTotals:
     committed_bytes: int = 0
     duplicate_bytes: int = 0
     commits: int = 0
-    failed_commits: int = 0
-    """Commits that raised (the database down or busy): the client resends from the offset."""
+    database_errors: int = 0
+    """Offset reads and commits that raised (the database down or busy): the client resends."""
 
 
 @dataclass(slots=True)
@@ -147,7 +147,7 @@ class _Commits:
                     lambda conn: commit_progress(conn, job_id, stream_id, progress)
                 )
             except Exception:
-                self.totals.failed_commits += 1
+                self.totals.database_errors += 1
                 raise
             if not won:
                 raise StreamBusyError("the stream's offset moved under this request")
@@ -237,6 +237,13 @@ class StreamWriter:
         return time.monotonic() - min(waiting) if waiting else 0.0
 
     async def _open(self, key: StreamKey, job_metadata: dict[str, str]) -> StreamPosition:
+        try:
+            return await self._position(key, job_metadata)
+        except Exception:  # the database down or busy: counted, and the client told to retry
+            self.totals.database_errors += 1
+            raise
+
+    async def _position(self, key: StreamKey, job_metadata: dict[str, str]) -> StreamPosition:
         """Where the stream stands, read fresh: another replica may have written since."""
         cache_key = (key.job_id, key.stream)
         stream_id = self.known.get(cache_key)

@@ -355,7 +355,9 @@ def test_a_postgres_restart_answers_503_and_loses_nothing_acknowledged(
             shipper.stderr.close()
     assert stack.stream_lines("pg-job", "direct") == acknowledged == 200
     assert stack.stream_lines("pg-job", "gpu-1") == 5000
-    assert stack.metrics()['diagnoser_dependency_up{dependency="database"}'] == 1
+    after = stack.metrics()
+    assert after['diagnoser_dependency_up{dependency="database"}'] == 1
+    assert after["diagnoser_ingest_database_errors_total{}"] >= 1
 
 
 # --- LLM hung, then failing: ingest goes on, escalations fall back, the breaker trips -------
