@@ -91,6 +91,7 @@ class _Counts:
     writer: StreamWriter
     stage: DiagnosisStage
     flow: DiagnosisFlow
+    admission: Admission
 
     @property
     def lines(self) -> int:
@@ -123,6 +124,18 @@ class _Counts:
     @property
     def jobs_tracked(self) -> int:
         return len(self.stage.jobs)
+
+    @property
+    def database_errors(self) -> int:
+        return self.writer.totals.database_errors
+
+    @property
+    def uncommitted_age_s(self) -> float:
+        return self.writer.uncommitted_age_s()
+
+    @property
+    def requests_in_flight(self) -> int:
+        return self.admission.in_flight
 
 
 def log_config(level: str) -> dict[str, Any]:
@@ -157,7 +170,10 @@ def _llm_stage(
     )
     breaker = client.breaker
     collector = LlmCollector(
-        flow.escalator.counts, AGREEMENT_BUCKETS, lambda: breaker.state is BreakerState.OPEN
+        flow.escalator.counts,
+        AGREEMENT_BUCKETS,
+        lambda: breaker.state is BreakerState.OPEN,
+        lambda: breaker.trips,
     )
     metrics.registry.register(collector)
     return client, collector
@@ -347,8 +363,10 @@ def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
             StreamLocks(),
             after_commit=lambda key: flow.settle(key.job_id),
         )
-        collector = PipelineCollector(_Counts(counter, writer, stage, flow))
-        metrics.registry.register(collector)
+        admission = Admission(settings.ingest.max_concurrent_requests)
+        metrics.registry.register(
+            collector := PipelineCollector(_Counts(counter, writer, stage, flow, admission))
+        )
         llm = _llm_stage(settings, sessions, redis, flow, metrics)
         app.state.resources = Resources(
             settings=settings,
@@ -360,7 +378,7 @@ def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
             schema_head=head_revision(),
             pipeline=pipeline,
             writer=writer,
-            admission=Admission(settings.ingest.max_concurrent_requests),
+            admission=admission,
             reloader=reloader,
             hub=hub,
             flow=flow,

@@ -17,10 +17,18 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from diagnoser.store.backlog import Backlog
+
+DEPENDENCIES = ("database", "redis")
+
 
 @dataclass
 class Metrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    backlog: Backlog = field(default_factory=Backlog)
+    """Set by the /metrics route just before it renders."""
+    dependencies_up: dict[str, bool] = field(default_factory=dict)
+    """`database` and (when configured) `redis`: whether each answered at the last scrape."""
 
     def __post_init__(self) -> None:
         self.http_requests = Counter(
@@ -40,9 +48,57 @@ class Metrics:
             "Clients following GET /v1/diagnoses/stream.",
             registry=self.registry,
         )
+        self.registry.register(_StateCollector(self))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    """The backlog and dependency gauges, from what the route last measured."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        backlog = self.metrics.backlog
+        for name, doc, value in (
+            (
+                "diagnoser_escalations_pending",
+                "Escalations waiting for the LLM stage (database-wide: take max over replicas).",
+                backlog.escalations_pending,
+            ),
+            (
+                "diagnoser_escalation_oldest_pending_seconds",
+                "Age of the oldest pending escalation; 0 when none waits.",
+                backlog.oldest_escalation_s,
+            ),
+            (
+                "diagnoser_actions_unclaimed",
+                "Released actions claimable now that no operator has claimed.",
+                backlog.actions_unclaimed,
+            ),
+            (
+                "diagnoser_action_oldest_unclaimed_seconds",
+                "How long the oldest claimable action has waited for an operator; 0 when none.",
+                backlog.oldest_unclaimed_action_s,
+            ),
+            (
+                "diagnoser_actions_lease_expired",
+                "Claimed actions whose lease ran out without a completion (operator gone).",
+                backlog.actions_lease_expired,
+            ),
+        ):
+            yield GaugeMetricFamily(name, doc, value=value)
+        up = GaugeMetricFamily(
+            "diagnoser_dependency_up",
+            "1 when the dependency answered at this scrape (database; redis when configured).",
+            labels=["dependency"],
+        )
+        for dependency in DEPENDENCIES:
+            if dependency in self.metrics.dependencies_up:
+                up.add_metric([dependency], 1 if self.metrics.dependencies_up[dependency] else 0)
+        yield up
 
 
 class PipelineCounts(Protocol):
@@ -64,6 +120,12 @@ class PipelineCounts(Protocol):
     def hangs(self) -> Mapping[str, int]: ...
     @property
     def jobs_tracked(self) -> int: ...
+    @property
+    def database_errors(self) -> int: ...
+    @property
+    def uncommitted_age_s(self) -> float: ...
+    @property
+    def requests_in_flight(self) -> int: ...
 
 
 class PipelineCollector(Collector):
@@ -90,6 +152,12 @@ class PipelineCollector(Collector):
                 "diagnoser_ingest_duplicate_bytes",
                 "Resent bytes dropped as already committed.",
                 counts.duplicate_bytes,
+            ),
+            (
+                "diagnoser_ingest_database_errors",
+                "Stream offset reads and commits that failed (database down or busy); "
+                "the clients resend.",
+                counts.database_errors,
             ),
         ):
             yield CounterMetricFamily(name, doc, value=value)
@@ -119,6 +187,16 @@ class PipelineCollector(Collector):
             "diagnoser_jobs_tracked",
             "Jobs with live rule state in memory.",
             value=counts.jobs_tracked,
+        )
+        yield GaugeMetricFamily(
+            "diagnoser_ingest_lag_seconds",
+            "How long the oldest line framed but not yet committed has waited; 0 when none.",
+            value=counts.uncommitted_age_s,
+        )
+        yield GaugeMetricFamily(
+            "diagnoser_ingest_requests_in_flight",
+            "Ingest requests being served now (beyond the admission limit: 429).",
+            value=counts.requests_in_flight,
         )
 
 
@@ -158,6 +236,7 @@ class LlmStageCounts(Protocol):
     tokens_in: int
     tokens_out: int
     escalations: int
+    refused: int
     agreement_buckets: list[int]
     agreement_sum: float
     agreement_count: int
@@ -167,22 +246,29 @@ class LlmCollector(Collector):
     """The LLM stage's calls, tokens, cache hits, vote agreement and breaker, at scrape time."""
 
     def __init__(
-        self, counts: LlmStageCounts, buckets: tuple[float, ...], breaker_open: Callable[[], bool]
+        self,
+        counts: LlmStageCounts,
+        buckets: tuple[float, ...],
+        breaker_open: Callable[[], bool],
+        breaker_trips: Callable[[], int] = lambda: 0,
     ) -> None:
         self.counts = counts
         self.buckets = buckets
         self.breaker_open = breaker_open
+        self.breaker_trips = breaker_trips
 
     def collect(self) -> Iterator[Metric]:
         counts = self.counts
         calls = CounterMetricFamily(
             "diagnoser_llm_calls",
-            "LLM completions: ok, failed (HTTP, timeout, connection), or cached (none made).",
+            "LLM completions: ok, failed (HTTP, timeout, connection), cached (none made), or "
+            "refused (a round the open breaker let no call out for).",
             labels=["outcome"],
         )
         calls.add_metric(["ok"], counts.calls_ok)
         calls.add_metric(["failed"], counts.calls_failed)
         calls.add_metric(["cached"], counts.cached)
+        calls.add_metric(["refused"], counts.refused)
         yield calls
         tokens = CounterMetricFamily(
             "diagnoser_llm_tokens",
@@ -214,6 +300,11 @@ class LlmCollector(Collector):
             "diagnoser_llm_breaker_open",
             "1 while the LLM circuit breaker refuses calls.",
             value=1 if self.breaker_open() else 0,
+        )
+        yield CounterMetricFamily(
+            "diagnoser_llm_breaker_trips",
+            "Times the LLM circuit breaker opened (a failed half-open trial re-opens it).",
+            value=self.breaker_trips(),
         )
 
 

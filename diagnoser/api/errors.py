@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -41,7 +42,7 @@ DESCRIPTIONS = {
     415: "Unsupported content type or encoding",
     422: "Invalid parameters or body; `detail` says which and why",
     429: "Too busy: retry after `Retry-After` seconds",
-    503: "Not ready",
+    503: "Not ready, or the database is unreachable: retry after `Retry-After` seconds",
 }
 
 
@@ -77,6 +78,26 @@ class TimeoutBody(ErrorBody):
 
 
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "integer"}}}
+
+DATABASE_RETRY_AFTER_S = 2
+"""What a client is told to wait while the database is unreachable: a restart takes seconds."""
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """The database could not be reached or dropped the connection: a transient outage.
+
+    Such errors are no bug of the request, and retrying once the server is back succeeds:
+    the pool's pre-ping replaces the dead connections, so no restart of the service is needed.
+    """
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(
+        exc,
+        sa_exc.OperationalError
+        | sa_exc.InterfaceError
+        | sa_exc.DisconnectionError
+        | sa_exc.TimeoutError,  # the pool's: every connection busy or being re-established
+    )
 
 
 class ApiError(Exception):
@@ -177,6 +198,19 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 405:
             headers["Allow"] = ", ".join(_allowed_methods(request))
         return error_response(exc.status_code, code, str(exc.detail), headers)
+
+    @app.exception_handler(sa_exc.SQLAlchemyError)
+    async def _database(_: Request, exc: sa_exc.SQLAlchemyError) -> JSONResponse:
+        if not database_unavailable(exc):
+            raise exc  # a bug, not an outage: the generic 500 below
+        # Ingest has committed what it could; a client resends the rest from `next_offset`.
+        return error_response(
+            503,
+            "database_unavailable",
+            f"the database is unreachable ({type(getattr(exc, 'orig', None) or exc).__name__}): "
+            f"retry after {DATABASE_RETRY_AFTER_S}s",
+            {"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from diagnoser import __version__
 from diagnoser.api.deps import Resources, ResourcesDep
+from diagnoser.store.backlog import measure
 from diagnoser.store.migrate import current_revision
 
 router = APIRouter(tags=["health"])
@@ -24,7 +25,9 @@ class Liveness(BaseModel):
 
 
 class Readiness(BaseModel):
-    status: Literal["ready", "unavailable"]
+    status: Literal["ready", "degraded", "unavailable"]
+    """`degraded`: ready (200), but an optional dependency (Redis) is down and the service runs
+    on the database alone until it returns."""
     checks: dict[str, str]
     """`ok` or the reason, per dependency (`database`, and `redis` when configured)."""
 
@@ -59,30 +62,62 @@ async def _check_redis(resources: Resources) -> str | None:
     try:
         async with asyncio.timeout(resources.settings.redis.socket_timeout_s + 1):
             await resources.redis.ping()
-    except Exception as exc:  # any client error means "not ready"
-        return f"redis unreachable: {type(exc).__name__}: {str(exc)[:200]}"
+    except Exception as exc:  # any client error: degraded, the database answers without it
+        return (
+            f"redis unreachable: {type(exc).__name__}: {str(exc)[:200]} "
+            "(degraded: running on the database alone)"
+        )
     return None
 
 
 @router.get(
     "/readyz",
     response_model=Readiness,
-    responses={503: {"model": Readiness, "description": "a dependency does not answer"}},
+    responses={503: {"model": Readiness, "description": "the database does not answer"}},
 )
 async def readyz(resources: ResourcesDep) -> JSONResponse:
-    """Ready: the database (and Redis, when configured) answer now. 503 with reasons if not."""
+    """Ready: the database answers now (503 with the reason if not).
+
+    Redis is an accelerator (verdict cache, the action stream's copy): while it is down the
+    service answers `degraded` with 200, since every request still succeeds on the database
+    alone, and taking every replica out of its Service for it would turn a slowdown into an
+    outage.
+    """
     database, redis = await asyncio.gather(_check_database(resources), _check_redis(resources))
     checks = {"database": database or "ok"}
     if resources.redis is not None:
         checks["redis"] = redis or "ok"
-    ready = database is None and redis is None
+    status = "unavailable" if database is not None else "degraded" if redis else "ready"
     return JSONResponse(
-        {"status": "ready" if ready else "unavailable", "checks": checks},
-        status_code=200 if ready else 503,
+        {"status": status, "checks": checks},
+        status_code=503 if database is not None else 200,
     )
+
+
+async def _measure_backlog(resources: Resources) -> bool:
+    """Read the shared backlog into the gauges; False (last values kept) if the database fails."""
+    try:
+        async with (
+            asyncio.timeout(resources.settings.db.connect_timeout_s + 1),
+            resources.sessions() as session,
+        ):
+            resources.metrics.backlog = await measure(session)
+    except Exception:  # any driver error: the database is down for this scrape
+        return False
+    return True
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(resources: ResourcesDep) -> Response:
-    """Prometheus text exposition format."""
+    """Prometheus text exposition format.
+
+    Each scrape also reads the backlog from the database and pings Redis (both bounded by
+    their timeouts), so the gauges say what holds now, and `diagnoser_dependency_up` says
+    whether each answered.
+    """
+    database, redis = await asyncio.gather(_measure_backlog(resources), _check_redis(resources))
+    up = resources.metrics.dependencies_up
+    up["database"] = database
+    if resources.redis is not None:
+        up["redis"] = redis is None
     return Response(resources.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -181,6 +181,7 @@ def _records_as_bytes(records: list[Record], received: float) -> tuple[bytes, Re
         408: {"model": TimeoutBody, "description": "the body stopped arriving; rest committed"},
         409: {"model": OffsetGapBody, "description": "offset beyond the committed one"},
         429: {**responses(429)[429], "headers": RETRY_AFTER},
+        503: {**responses(503)[503], "headers": RETRY_AFTER},
     },
     openapi_extra={"requestBody": LOG_BODIES},
 )

@@ -49,6 +49,8 @@ class LlmCounts:
     tokens_in: int = 0
     tokens_out: int = 0
     escalations: int = 0
+    refused: int = 0
+    """Rounds that made no call: the breaker was open."""
     agreement_buckets: list[int] = field(default_factory=lambda: [0] * len(AGREEMENT_BUCKETS))
     """Rounds whose vote share was at most each bound (cumulative, as Prometheus wants)."""
     agreement_sum: float = 0.0
@@ -57,6 +59,8 @@ class LlmCounts:
     def observe(self, asked: Asked) -> None:
         failed = sum(1 for s in asked.samples if isinstance(s, Abstention) and _transport(s))
         self.calls_failed += failed
+        if asked.calls == 0:
+            self.refused += 1
         self.calls_ok += asked.calls - failed
         self.tokens_in += asked.tokens_in
         self.tokens_out += asked.tokens_out

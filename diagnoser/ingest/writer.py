@@ -59,6 +59,8 @@ class WriteTotals:
     committed_bytes: int = 0
     duplicate_bytes: int = 0
     commits: int = 0
+    database_errors: int = 0
+    """Offset reads and commits that raised (the database down or busy): the client resends."""
 
 
 @dataclass(slots=True)
@@ -94,7 +96,7 @@ class StreamLocks:
         return lock
 
 
-@dataclass
+@dataclass(eq=False)
 class _Commits:
     """Offsets and counts since the last commit of one write.
 
@@ -114,6 +116,8 @@ class _Commits:
     truncated: int = 0
     at: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting_since: float | None = None
+    """When the oldest line handed on but not yet committed was framed (None: none waits)."""
     committed: int = field(init=False)
     """The stream's committed offset, as this write last moved it."""
 
@@ -123,6 +127,8 @@ class _Commits:
     def add(self, batch: LineBatch) -> None:
         self.lines += len(batch.lines)
         self.truncated += batch.truncated
+        if self.waiting_since is None and batch.lines:
+            self.waiting_since = time.monotonic()
 
     @property
     def pending(self) -> bool:
@@ -136,9 +142,13 @@ class _Commits:
                 return
             progress = Progress(self.committed, offset, lines, truncated)
             job_id, stream_id = self.key.job_id, self.stream_id
-            won = await self.sessions.run(
-                lambda conn: commit_progress(conn, job_id, stream_id, progress)
-            )
+            try:
+                won = await self.sessions.run(
+                    lambda conn: commit_progress(conn, job_id, stream_id, progress)
+                )
+            except Exception:
+                self.totals.database_errors += 1
+                raise
             if not won:
                 raise StreamBusyError("the stream's offset moved under this request")
             self.outcome.lines_accepted += lines
@@ -149,6 +159,7 @@ class _Commits:
             self.lines -= lines
             self.truncated -= truncated
             self.at = time.monotonic()
+            self.waiting_since = self.at if self.lines else None
             if self.after_commit is not None:
                 for diagnosis_id in await self.after_commit(self.key):
                     if diagnosis_id not in self.outcome.diagnoses:
@@ -213,8 +224,26 @@ class StreamWriter:
     known: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
     """Stream ids already created: a later request reads its offset in one statement."""
     totals: WriteTotals = field(default_factory=WriteTotals)
+    active: set[_Commits] = field(default_factory=set)
+    """The writes in progress: what the ingest lag is measured over."""
+
+    def uncommitted_age_s(self) -> float:
+        """How long the oldest line framed but not yet committed has waited (0: none waits).
+
+        Normally at most about `commit_every_s`; it grows while commits are slow or fail (the
+        database down, busy or far away): the ingest lag worth an alert.
+        """
+        waiting = [c.waiting_since for c in self.active if c.waiting_since is not None]
+        return time.monotonic() - min(waiting) if waiting else 0.0
 
     async def _open(self, key: StreamKey, job_metadata: dict[str, str]) -> StreamPosition:
+        try:
+            return await self._position(key, job_metadata)
+        except Exception:  # the database down or busy: counted, and the client told to retry
+            self.totals.database_errors += 1
+            raise
+
+    async def _position(self, key: StreamKey, job_metadata: dict[str, str]) -> StreamPosition:
         """Where the stream stands, read fresh: another replica may have written since."""
         cache_key = (key.job_id, key.stream)
         stream_id = self.known.get(cache_key)
@@ -263,40 +292,44 @@ class StreamWriter:
             timer = _CommitTimer(commits, self.settings.commit_every_s)
             skip = 0 if offset is None else committed - offset
             body_start = committed if offset is None else offset
+            self.active.add(commits)
             try:
-                async for received in self._with_idle_timeout(chunks):
-                    chunk = received
-                    outcome.received_bytes += len(chunk)
-                    if skip:
-                        dropped = min(skip, len(chunk))
-                        outcome.duplicate_bytes += dropped
-                        self.totals.duplicate_bytes += dropped
-                        skip -= dropped
-                        chunk = chunk[dropped:]
-                    if not chunk:
-                        continue
-                    self._hand_on(key, framer.feed(chunk), commits, times, body_start)
-                    if (
-                        framer.offset - commits.committed >= self.settings.commit_every_bytes
-                        or time.monotonic() - commits.at >= self.settings.commit_every_s
-                    ):
-                        await commits.commit()
-                    timer.arm()
-                await timer.stop()
-            except TimeoutError:
-                await timer.stop()
+                try:
+                    async for received in self._with_idle_timeout(chunks):
+                        chunk = received
+                        outcome.received_bytes += len(chunk)
+                        if skip:
+                            dropped = min(skip, len(chunk))
+                            outcome.duplicate_bytes += dropped
+                            self.totals.duplicate_bytes += dropped
+                            skip -= dropped
+                            chunk = chunk[dropped:]
+                        if not chunk:
+                            continue
+                        self._hand_on(key, framer.feed(chunk), commits, times, body_start)
+                        if (
+                            framer.offset - commits.committed >= self.settings.commit_every_bytes
+                            or time.monotonic() - commits.at >= self.settings.commit_every_s
+                        ):
+                            await commits.commit()
+                        timer.arm()
+                    await timer.stop()
+                except TimeoutError:
+                    await timer.stop()
+                    await commits.commit()
+                    raise IdleTimeoutError(outcome) from None
+                except BaseException:
+                    # Client gone or server stopping: keep every whole line that arrived.
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(timer.stop())
+                    await asyncio.shield(commits.commit())
+                    raise
+                if offset is None:
+                    self._hand_on(key, framer.close(), commits, times, body_start)
                 await commits.commit()
-                raise IdleTimeoutError(outcome) from None
-            except BaseException:
-                # Client gone or server stopping: keep every whole line that arrived.
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(timer.stop())
-                await asyncio.shield(commits.commit())
-                raise
-            if offset is None:
-                self._hand_on(key, framer.close(), commits, times, body_start)
-            await commits.commit()
-            return outcome
+                return outcome
+            finally:
+                self.active.discard(commits)
 
     def _hand_on(
         self,

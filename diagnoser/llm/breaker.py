@@ -31,6 +31,8 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at: float | None = None
         self._trial_out = False
+        self.trips = 0
+        """Times it opened, for /metrics: a gauge sampled every scrape can miss a short trip."""
 
     @property
     def state(self) -> BreakerState:
@@ -58,8 +60,11 @@ class CircuitBreaker:
     def record_failure(self) -> None:
         self._trial_out = False
         if self._opened_at is not None:
+            if self.state is BreakerState.HALF_OPEN:
+                self.trips += 1  # the trial failed: open again
             self._opened_at = self._clock()
             return
         self._failures += 1
         if self._failures >= self._threshold:
             self._opened_at = self._clock()
+            self.trips += 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.servers import PostgresServer, RedisServer, ServiceProcess, wait_until
+from tests.servers import PostgresServer, ServiceProcess, wait_until
 
 
 @pytest.fixture
@@ -84,23 +84,3 @@ def test_postgres_readiness_follows_the_server_without_a_restart(tmp_path: Path)
     finally:
         service.stop()
         postgres.destroy()
-
-
-def test_redis_readiness_when_configured(tmp_path: Path) -> None:
-    redis_server = RedisServer()
-    redis_server.start()
-    service = ServiceProcess(
-        env={"DIAGNOSER_DATA_DIR": str(tmp_path), "DIAGNOSER_REDIS__URL": redis_server.url}
-    )
-    try:
-        service.start()
-        assert readiness(service).json()["checks"] == {"database": "ok", "redis": "ok"}
-        redis_server.stop()
-        down = readiness(service)
-        assert down.status_code == 503
-        assert down.json()["checks"]["redis"].startswith("redis unreachable")
-        redis_server.start()
-        wait_until(lambda: readiness(service).status_code == 200, 20, "readiness after restart")
-    finally:
-        service.stop()
-        redis_server.stop()

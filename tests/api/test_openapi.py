@@ -60,7 +60,11 @@ def test_every_422_is_documented_as_the_error_body_we_send(
 @pytest.mark.parametrize(
     ("method", "path", "statuses"),
     [
-        ("post", "/v1/jobs/{job_id}/logs", {"200", "408", "409", "413", "415", "422", "429"}),
+        (
+            "post",
+            "/v1/jobs/{job_id}/logs",
+            {"200", "408", "409", "413", "415", "422", "429", "503"},
+        ),
         ("get", "/v1/jobs/{job_id}/logs", {"200", "404", "422"}),
         ("get", "/v1/jobs/{job_id}", {"200", "404", "422"}),
         ("put", "/v1/jobs/{job_id}", {"200", "400", "422"}),

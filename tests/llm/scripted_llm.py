@@ -37,7 +37,17 @@ class Fail:
     delay_s: float = 0.0
 
 
-Step = Reply | Fail | Callable[[dict[str, Any]], "Reply | Fail"]
+@dataclass(frozen=True)
+class Held:
+    """Hold the request until the test sets `release` (an endpoint that hangs), then answer
+    `then`. Bounded by `max_wait_s`, so a failed test cannot hang the server."""
+
+    release: threading.Event
+    then: Reply | Fail
+    max_wait_s: float = 120.0
+
+
+Step = Reply | Fail | Held | Callable[[dict[str, Any]], "Reply | Fail"]
 
 
 @dataclass
@@ -46,6 +56,8 @@ class ScriptedLlm:
     rejects_json_schema: bool = False
     """Answer 400 to `response_format: json_schema`, as servers without it do."""
     requests: list[dict[str, Any]] = field(default_factory=list)
+    answered: int = 0
+    """Completions answered so far (a held one counts once it is released)."""
     port: int = field(default_factory=free_port)
 
     @property
@@ -56,7 +68,7 @@ class ScriptedLlm:
     def completions(self) -> list[dict[str, Any]]:
         return [r for r in self.requests if "messages" in r]
 
-    def _next(self, body: dict[str, Any]) -> Reply | Fail:
+    def _next(self, body: dict[str, Any]) -> Reply | Fail | Held:
         index = min(len(self.completions) - 1, len(self.script) - 1)
         step = self.script[index]
         return step(body) if callable(step) else step
@@ -72,8 +84,12 @@ class ScriptedLlm:
             if self.rejects_json_schema and fmt == "json_schema":
                 return JSONResponse({"error": {"message": "json_schema unsupported"}}, 400)
             step = self._next(body)
+            if isinstance(step, Held):
+                await asyncio.to_thread(step.release.wait, step.max_wait_s)
+                step = step.then
             if step.delay_s:
                 await asyncio.sleep(step.delay_s)
+            self.answered += 1
             if isinstance(step, Fail):
                 return JSONResponse({"error": {"message": "scripted failure"}}, step.status)
             content = step.content if isinstance(step.content, str) else json.dumps(step.content)

@@ -195,3 +195,21 @@ async def test_an_open_breaker_ends_asking_inconclusive_without_calls() -> None:
     assert not second.verdict.decided
     assert second.calls == 0
     assert len(llm.completions) == calls_after_first
+
+
+def test_the_breaker_counts_each_trip_once_and_a_failed_trial_as_another() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(failure_threshold=2, reset_after_s=10, clock=lambda: now[0])
+    breaker.record_failure()
+    assert breaker.trips == 0
+    breaker.record_failure()
+    breaker.record_failure()  # a concurrent call that was already out fails too
+    assert (breaker.state, breaker.trips) == (BreakerState.OPEN, 1)
+    now[0] = 11.0
+    assert breaker.allow()  # the half-open trial
+    breaker.record_failure()
+    assert (breaker.state, breaker.trips) == (BreakerState.OPEN, 2)
+    now[0] = 22.0
+    assert breaker.allow()
+    breaker.record_success()
+    assert (breaker.state, breaker.trips) == (BreakerState.CLOSED, 2)
