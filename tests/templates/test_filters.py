@@ -12,7 +12,7 @@ from megatron_log import megatron_lines
 from diagnoser.rules import hyperscan_db
 from diagnoser.templates.compressor import Compressor, CompressorConfig
 from diagnoser.templates.filters import Filter, FilterSet, Proposer, candidates, propose
-from diagnoser.templates.matcher import HyperscanMatcher, RegexMatcher
+from diagnoser.templates.matcher import HyperscanMatcher, PrefixChecker, RegexMatcher
 from diagnoser.templates.miner import TemplateMiner
 from diagnoser.templates.model import Slot, TemplateView
 from diagnoser.templates.validation import Validator, digit_blind
@@ -292,3 +292,28 @@ def test_a_filter_without_a_variable_part_may_have_few_literals() -> None:
     assert found.startswith("over-broad")
     # Blank lines stay kept: the empty filter matches a generic probe line.
     assert Validator().check(r"^[ \t]*$", ("",)) is not None
+
+
+def test_the_literal_checker_answers_as_the_alternation() -> None:
+    """Hyperscan's misses are re-checked by `PrefixChecker`, which tries a pattern only on
+    lines holding its longest literal text: same answers as the one `regex` alternation."""
+    patterns = [
+        r"^[ \t]*worker[ \t]+(?:[0-9]+)[ \t]+ready[ \t]*$",
+        r"^[ \t]*(?:[^ \t\n]+)[ \t]+ready[ \t]*$",  # overlaps the first: order decides
+        r"^(?:[0-9]+)[ \t]+(?:[0-9]+)[ \t]+done$",  # literal text last
+        r"(?i)^[ \t]*LOADING[ \t]+(?:[0-9]+)$",  # caseless: tried on every line
+        r"^[ \t]*(?:[^ \t\n]+)[ \t]+\.{4,}[ \t]+(?:[^ \t\n]+)[ \t]*$",  # no literal run
+    ]
+    lines = [
+        "worker 3 ready",
+        "  worker 12 ready ",
+        "gpu ready",
+        "1 2 done",
+        "loading 5",
+        "Loading 7",
+        "  lr ......... 0.1",
+        "nothing here",
+        "",
+    ]
+    assert PrefixChecker(patterns).match(lines) == RegexMatcher(patterns).match(lines)
+    assert PrefixChecker(patterns).match(lines) == [0, 0, 1, 2, 3, 3, 4, None, None]
