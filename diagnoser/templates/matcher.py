@@ -41,7 +41,7 @@ class HyperscanMatcher:
     pattern, so the lines hyperscan leaves are fullmatched again with the `regex` alternation:
     a hit is never false (its end offset is its line's end), a miss is checked. Those lines
     are the few a filter set does not drop (novel, kept lines), and the skeleton memo of
-    `FilterSet` answers most of them before they get here; `PrefixChecker` tries on each only
+    `FilterSet` answers most of them before they get here; `LiteralChecker` tries on each only
     the filters whose leading text it starts with.
     """
 
@@ -49,7 +49,7 @@ class HyperscanMatcher:
 
     def __init__(self, patterns: Sequence[str]) -> None:
         self._scanner = hyperscan_db.PatternScanner([(p.encode("utf-8"), False) for p in patterns])
-        self._check = PrefixChecker(patterns)
+        self._check = LiteralChecker(patterns)
 
     def match(self, lines: Sequence[str]) -> list[int | None]:
         if not lines:
@@ -96,7 +96,7 @@ class RegexMatcher:
         return out
 
 
-class PrefixChecker:
+class LiteralChecker:
     """`RegexMatcher`'s answers, trying on each line only the patterns that can match it.
 
     Every match of a filter contains its longest run of required literal text (`iteration`,

@@ -12,7 +12,7 @@ from megatron_log import megatron_lines
 from diagnoser.rules import hyperscan_db
 from diagnoser.templates.compressor import Compressor, CompressorConfig
 from diagnoser.templates.filters import Filter, FilterSet, Proposer, candidates, propose
-from diagnoser.templates.matcher import HyperscanMatcher, PrefixChecker, RegexMatcher
+from diagnoser.templates.matcher import HyperscanMatcher, LiteralChecker, RegexMatcher
 from diagnoser.templates.miner import TemplateMiner
 from diagnoser.templates.model import Slot, TemplateView
 from diagnoser.templates.validation import Validator, digit_blind
@@ -295,7 +295,7 @@ def test_a_filter_without_a_variable_part_may_have_few_literals() -> None:
 
 
 def test_the_literal_checker_answers_as_the_alternation() -> None:
-    """Hyperscan's misses are re-checked by `PrefixChecker`, which tries a pattern only on
+    """Hyperscan's misses are re-checked by `LiteralChecker`, which tries a pattern only on
     lines holding its longest literal text: same answers as the one `regex` alternation."""
     patterns = [
         r"^[ \t]*worker[ \t]+(?:[0-9]+)[ \t]+ready[ \t]*$",
@@ -315,5 +315,5 @@ def test_the_literal_checker_answers_as_the_alternation() -> None:
         "nothing here",
         "",
     ]
-    assert PrefixChecker(patterns).match(lines) == RegexMatcher(patterns).match(lines)
-    assert PrefixChecker(patterns).match(lines) == [0, 0, 1, 2, 3, 3, 4, None, None]
+    assert LiteralChecker(patterns).match(lines) == RegexMatcher(patterns).match(lines)
+    assert LiteralChecker(patterns).match(lines) == [0, 0, 1, 2, 3, 3, 4, None, None]
