@@ -38,11 +38,11 @@ class HyperscanMatcher:
     `^[ \\t]+global[ \\t]+batch$` stops matching a line that starts 22 bytes or more into the
     chunk once `^[ \\t]*-{22}` shares the database, though that one matches nothing (see
     tests/templates/test_filters.py). No flag we use causes it, and it cannot be predicted per
-    pattern, so the lines hyperscan leaves are fullmatched again with the `regex` alternation:
+    pattern, so the lines hyperscan leaves are fullmatched again (`LiteralChecker`: the
+    `regex` alternation's answers, each filter tried only on lines holding its literal text):
     a hit is never false (its end offset is its line's end), a miss is checked. Those lines
     are the few a filter set does not drop (novel, kept lines), and the skeleton memo of
-    `FilterSet` answers most of them before they get here; `LiteralChecker` tries on each only
-    the filters whose leading text it starts with.
+    `FilterSet` answers most of them before they get here.
     """
 
     name = "hyperscan"
