@@ -331,6 +331,8 @@ class JobCompression:
         self._pending: Counter[int] = Counter()
         self._pending_first: dict[int, int] = {}
         self._warm_up = True
+        self._shift = 0
+        """Stream line number minus job line number, for the batch being fed."""
         self.filters: FilterSet | None = None
         """Filters of this job alone (`job`-scope rows), tried on what the family's left."""
 
@@ -370,9 +372,16 @@ class JobCompression:
         stream: str = "",
         ranks: Sequence[int | None] | None = None,
         node: str | None = None,
+        first_line_no: int | None = None,
     ) -> list[int]:
-        """Compress one batch of one stream; return the indexes (into `lines`) of kept lines."""
+        """Compress one batch of one stream; return the indexes (into `lines`) of kept lines.
+
+        `first_line_no`: the stream's 1-based number of the batch's first line (the ingest
+        writer's, from the committed stream), which kept lines and runs then carry, so that
+        uploads of one stream split over replicas number its lines as one stream. Without it
+        they are numbered by the job's own count of lines fed (the CLI: input line numbers)."""
         config = self.compressor.config
+        self._shift = 0 if first_line_no is None else first_line_no - self.log.lines_in - 1
         kept: list[int] = []
         start = 0
         while start < len(lines):
@@ -450,7 +459,9 @@ class JobCompression:
             prev = i + 1
             self._flush_runs()
             rank = ranks[i] if ranks is not None else None
-            tid = self._keep(lines[i], first + i, guarded.get(i), rank, node, base + i + 1)
+            tid = self._keep(
+                lines[i], first + i, guarded.get(i), rank, node, base + i + 1, self._shift
+            )
             done.append(i)
             if c._is_progress(tid):
                 progress_kept.append(i)
@@ -515,8 +526,10 @@ class JobCompression:
         rank: int | None,
         node: str | None,
         family_line: int,
+        shift: int = 0,
     ) -> int:
-        """Mine a kept line and add it to the log; return its template id."""
+        """Mine a kept line and add it to the log (numbered `line_no + shift`); return its
+        template id."""
         c = self.compressor
         log = self.log
         tid = c.miner.add(line)
@@ -530,7 +543,7 @@ class JobCompression:
             log.template_ids[line_no - 1] = tid
         log.kept_count += 1
         if not log.full or log.outbox is not None:
-            kept = KeptLine(line_no, line, tid, reason, rank, node)
+            kept = KeptLine(line_no + shift, line, tid, reason, rank, node)
             if log.outbox is not None:
                 log.outbox.append(kept)
             if not log.full:
@@ -562,7 +575,7 @@ class JobCompression:
                 continue
             tid = active[x].template_id
             if tid not in self._pending:
-                self._pending_first[tid] = first + idx.index(x, start, end)
+                self._pending_first[tid] = first + self._shift + idx.index(x, start, end)
             self._pending[tid] += n
         return counts
 

@@ -98,9 +98,20 @@ class Disabled:
 
 
 def escape(text: str) -> str:
-    """Literal text as a regex; blank runs become `[ \\t]+` (logs pad columns differently)."""
+    """Literal text as a regex; blank runs become `[ \\t]+` (logs pad columns differently),
+    and runs of four or more dots `\\.{4,}` (a dot leader pads a name to a column: the
+    miner writes every leader as `....`)."""
     parts = _BLANK.split(text)
-    return "[ \\t]+".join(regex.escape(p, special_only=True) for p in parts)
+    return "[ \\t]+".join(_escape_word(p) for p in parts)
+
+
+_DOTS = regex.compile(r"\.{4,}")
+
+
+def _escape_word(word: str) -> str:
+    if "...." not in word:
+        return regex.escape(word, special_only=True)
+    return r"\.{4,}".join(regex.escape(p, special_only=True) for p in _DOTS.split(word))
 
 
 def propose(template: TemplateView, *, loose: bool = False) -> str:

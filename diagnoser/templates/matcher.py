@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from operator import add
+from re import _constants as sre  # type: ignore[attr-defined,unused-ignore]
+from re import _parser as sre_parse  # type: ignore[attr-defined,unused-ignore]
 from typing import Protocol
 
 import regex
@@ -35,7 +38,8 @@ class HyperscanMatcher:
     `^[ \\t]+global[ \\t]+batch$` stops matching a line that starts 22 bytes or more into the
     chunk once `^[ \\t]*-{22}` shares the database, though that one matches nothing (see
     tests/templates/test_filters.py). No flag we use causes it, and it cannot be predicted per
-    pattern, so the lines hyperscan leaves are fullmatched again with the `regex` alternation:
+    pattern, so the lines hyperscan leaves are fullmatched again (`LiteralChecker`: the
+    `regex` alternation's answers, each filter tried only on lines holding its literal text):
     a hit is never false (its end offset is its line's end), a miss is checked. Those lines
     are the few a filter set does not drop (novel, kept lines), and the skeleton memo of
     `FilterSet` answers most of them before they get here.
@@ -45,7 +49,7 @@ class HyperscanMatcher:
 
     def __init__(self, patterns: Sequence[str]) -> None:
         self._scanner = hyperscan_db.PatternScanner([(p.encode("utf-8"), False) for p in patterns])
-        self._check = RegexMatcher(patterns)
+        self._check = LiteralChecker(patterns)
 
     def match(self, lines: Sequence[str]) -> list[int | None]:
         if not lines:
@@ -90,6 +94,65 @@ class RegexMatcher:
                 m = None
             append(None if m is None else (m.lastindex or 1) - 1)
         return out
+
+
+class LiteralChecker:
+    """`RegexMatcher`'s answers, trying on each line only the patterns that can match it.
+
+    Every match of a filter contains its longest run of required literal text (`iteration`,
+    `[Gloo]`, `....`): a line without that text never meets the pattern, an `in` test where
+    the alternation would run every pattern. Patterns with no required text are tried on every
+    line. Candidates go in pattern order, so the answer is the alternation's: the first
+    pattern that fullmatches.
+    """
+
+    name = "regex-literal"
+
+    def __init__(self, patterns: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self._timeout = timeout
+        self._tests = [
+            (i, required_text(p), regex.compile(p).fullmatch) for i, p in enumerate(patterns)
+        ]
+
+    def match(self, lines: Sequence[str]) -> list[int | None]:
+        out: list[int | None] = []
+        append = out.append
+        tests = self._tests
+        timeout = self._timeout
+        for line in lines:
+            found = None
+            for i, text, fullmatch in tests:
+                if text not in line:
+                    continue
+                try:
+                    hit = fullmatch(line, timeout=timeout)
+                except TimeoutError:
+                    hit = None  # kept, never wrongly dropped
+                if hit is not None:
+                    found = i
+                    break
+            append(found)
+        return out
+
+
+def required_text(pattern: str) -> str:
+    """The longest literal text every match of `pattern` contains ("" when none is known)."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except (re.error, OverflowError, RecursionError):
+        return ""
+    if parsed.state.flags & (re.IGNORECASE | re.VERBOSE):
+        return ""
+    best = ""
+    run: list[str] = []
+    for op, av in [*parsed, (None, None)]:
+        if op is sre.LITERAL:
+            run.append(chr(av))
+            continue
+        if len(run) > len(best):
+            best = "".join(run)
+        run = []
+    return best
 
 
 def _without_anchors(pattern: str) -> str:

@@ -99,6 +99,45 @@ def _kind(word: str) -> int:
     return CONST if any(c.isalpha() for c in word) else VAR
 
 
+LEADER = "...."
+"""A dot leader: a word of four or more dots between a name and its value, as argument and
+config dumps print them (`  lr ........ 0.0001`). Every leader is written as this one word, so
+a dump's lines differ only in their name and value."""
+
+
+def _key_value(words: list[str]) -> None:
+    """`name .... value`: the name before a dot leader is a slot, and so is a one-word value
+    that ends the line; a dump of hundreds of settings is then one template, not hundreds."""
+    last = len(words) - 1
+    for i in range(1, last):
+        word = words[i]
+        if len(word) >= len(LEADER) and not word.strip("."):
+            words[i] = LEADER
+            words[i - 1] = _ANY
+            if i + 1 == last:
+                words[last] = _ANY
+
+
+_JSON_KEY = '"' + _ANY + '":'
+
+
+def _json_pair(words: list[str]) -> None:
+    """`"name": value,` (a JSON config printed one pair per line): the name is a slot, and so is
+    a one-word value followed by its comma, so the pairs of a dump share one template; an
+    opening `{` or `[` stays text. The last pair of an object (no comma) stays as it is:
+    `"<*>": <*>` would have too few literals to be a filter (`validation.MIN_LITERAL`), and,
+    slots and punctuation alone, it would take every comma-ended pair too."""
+    if len(words) != 2:
+        return
+    key, value = words
+    if len(key) > 3 and key[0] == '"' and key.endswith('":') and '"' not in key[1:-2]:
+        if value[:1] in ("{", "["):
+            words[0] = _JSON_KEY
+        elif value.endswith(",") and len(value) > 1:
+            words[0] = _JSON_KEY
+            words[1] = _ANY + ","
+
+
 def _clean(text: str) -> str:
     """Text fit for JSON and databases: NUL and lone surrogates become U+FFFD."""
     try:
@@ -302,6 +341,10 @@ class TemplateMiner:
                     cache.clear()
                 cache[word] = masked
             words.append(masked)
+        if LEADER in line:
+            _key_value(words)
+        elif '":' in line:
+            _json_pair(words)
         return words
 
     def _learn(self, line: str, words: list[str]) -> _Template:

@@ -193,7 +193,13 @@ class CompressionStage:
     def process(self, key: StreamKey, batch: LineBatch) -> None:
         job = self._job(key.job_id)
         before = job.log.lines_kept
-        job.feed(batch.lines, stream=f"{key.node}/{key.stream}", ranks=batch.ranks, node=key.node)
+        job.feed(
+            batch.lines,
+            stream=f"{key.node}/{key.stream}",
+            ranks=batch.ranks,
+            node=key.node,
+            first_line_no=batch.first_line_no,
+        )
         self.lines_in += len(batch.lines)
         self.lines_kept += job.log.lines_kept - before
         tally = self._tallies.get(key.job_id)

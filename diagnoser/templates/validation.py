@@ -59,7 +59,7 @@ def _check_structure(items: Any) -> int:
             required += _check_structure(av)
         elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
             inner = _check_structure(av[2])
-            required += inner * min(av[0], 1)
+            required += inner * min(av[0], MIN_LITERAL)
         elif op is sre.BRANCH:
             counts = [_check_structure(alt) for alt in av[1]]
             required += min(counts, default=0)
@@ -68,6 +68,29 @@ def _check_structure(items: Any) -> int:
         else:
             raise _UnsupportedError(f"unsupported construct {op}")
     return required
+
+
+_BLANKS = frozenset((32, 9))
+
+
+def _exact(items: Any) -> bool:
+    """Whether the pattern has no variable part: literals and blank runs only (a lone `}` line
+    padded any way). Such a filter takes one text, so few literals do not make it broad."""
+    for op, av in items:
+        if op is sre.LITERAL or op is sre.AT:
+            continue
+        if op is sre.IN:
+            if not all(iop is sre.LITERAL and iav in _BLANKS for iop, iav in av):
+                return False
+        elif op is sre.SUBPATTERN:
+            if not _exact(av[3]):
+                return False
+        elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            if not _exact(av[2]):
+                return False
+        else:
+            return False
+    return True
 
 
 def _class_takes_newline(op: Any, av: Any) -> bool:
@@ -186,7 +209,7 @@ class Validator:
             return f"unsupported syntax: {exc}"
         if not (pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$")):
             return "not anchored: a filter starts with `^` and ends with `$`"
-        if literal < MIN_LITERAL:
+        if literal < MIN_LITERAL and not _exact(sre_parse.parse(pattern)):
             return f"over-broad: only {literal} literal characters required"
         try:
             for probe in PROBES:

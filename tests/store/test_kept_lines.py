@@ -33,14 +33,24 @@ async def sessions(database_url: str) -> AsyncIterator[Sessions]:
     await opened.close()
 
 
+_next_line: dict[tuple[int, str], int] = {}
+"""(pipeline id, stream) -> the stream's next line number."""
+
+
 def replica(sessions: Sessions) -> tuple[CompressionStage, Pipeline, KeptLineStore]:
     stage = CompressionStage(RuleRegistry(RULES_DIR), KEEP_ALL, bounds=BOUNDS)
-    return stage, Pipeline([stage]), KeptLineStore(sessions, stage)
+    pipeline = Pipeline([stage])
+    for key in [k for k in _next_line if k[0] == id(pipeline)]:
+        del _next_line[key]  # a new pipeline's streams start at line 1
+    return stage, pipeline, KeptLineStore(sessions, stage)
 
 
 def feed(pipeline: Pipeline, stream: str, lines: list[str]) -> None:
+    """One batch of the stream, numbered on from its last one, as the ingest writer frames it."""
     key = StreamKey(job_id="job-1", stream=stream, node="node-1", rank=None)
-    pipeline.process(key, make_batch(lines, first_line_no=1))
+    first = _next_line.get((id(pipeline), stream), 1)
+    _next_line[id(pipeline), stream] = first + len(lines)
+    pipeline.process(key, make_batch(lines, first_line_no=first))
 
 
 def lines(start: int, n: int) -> list[str]:
@@ -49,7 +59,9 @@ def lines(start: int, n: int) -> list[str]:
 
 async def stored(sessions: Sessions) -> list[tuple[str, str, str]]:
     async with sessions() as session:
-        rows = await session.scalars(select(KeptLineRow).order_by(KeptLineRow.line_no))
+        rows = await session.scalars(
+            select(KeptLineRow).order_by(KeptLineRow.line_no, KeptLineRow.id)
+        )
         return [(r.stream, r.kind, r.text) for r in rows]
 
 

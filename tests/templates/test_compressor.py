@@ -222,14 +222,15 @@ def test_job_filters_apply_to_their_job_only_and_the_guard_still_wins() -> None:
 
 
 def config_dump(seed: int) -> list[str]:
-    """A start-up dump: one line per setting, each its own template, printed once per job."""
+    """A start-up dump: one line per setting, each its own template, printed once per job (no
+    dot leader: `name .... value` lines share one template, see test_miner)."""
     names = [f"option_{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(300)]
-    return [f"[config] {name} ....... {seed * 7 + i}" for i, name in enumerate(names)]
+    return [f"[config] {name}: {seed * 7 + i}" for i, name in enumerate(names)]
 
 
 def test_a_second_job_does_not_keep_the_start_up_lines_the_first_one_taught() -> None:
     compressor = Compressor(pack(), CompressorConfig(promote=True))
-    failure = "[config] option_zz ....... RuntimeError: CUDA error: out of memory"
+    failure = "[config] option_zz: RuntimeError: CUDA error: out of memory"
     first = run(compressor.job(), config_dump(1), batch=4096)
     second = run(compressor.job(), [*config_dump(2), failure], batch=4096)
     assert first.lines_kept == 300, "each setting is new to the first job"

@@ -12,7 +12,7 @@ from megatron_log import megatron_lines
 from diagnoser.rules import hyperscan_db
 from diagnoser.templates.compressor import Compressor, CompressorConfig
 from diagnoser.templates.filters import Filter, FilterSet, Proposer, candidates, propose
-from diagnoser.templates.matcher import HyperscanMatcher, RegexMatcher
+from diagnoser.templates.matcher import HyperscanMatcher, LiteralChecker, RegexMatcher
 from diagnoser.templates.miner import TemplateMiner
 from diagnoser.templates.model import Slot, TemplateView
 from diagnoser.templates.validation import Validator, digit_blind
@@ -265,3 +265,55 @@ def test_filter_set_with_memo_agrees_with_each_pattern_alone() -> None:
                     assert not any(p.fullmatch(line) for p in alone), line
                 else:
                     assert alone[f.template_id].fullmatch(line), line
+
+
+def test_a_settings_dump_filter_takes_any_leader_length_and_is_not_broad() -> None:
+    miner = TemplateMiner()
+    dump = ["  lr ........................ 0.0001", "  seed .......... 1234", "  fp16 .... False"]
+    ids = {miner.add(line) for line in dump}
+    view = miner.get(ids.pop())
+    assert view is not None
+    assert not ids
+    pattern = propose(view)
+    assert Validator().check(pattern, view.samples) is None
+    assert regex.fullmatch(pattern, "  bf16 ............................................ True")
+    # The leader is what makes it a dump line: no dots, or three, is no match.
+    assert not regex.fullmatch(pattern, "  worker killed 9")
+    assert not regex.fullmatch(pattern, "  loading ... done")
+
+
+def test_a_filter_without_a_variable_part_may_have_few_literals() -> None:
+    """A lone `}` (JSON config dumps close every object on a line of its own) is one text:
+    exact, so not over-broad; a slot with as few literals still is."""
+    assert Validator().check(r"^[ \t]*\}[ \t]*$", ("}", "        }")) is None
+    assert Validator().check(r"^[ \t]*\},[ \t]*$", ("    }, ",)) is None
+    found = Validator().check(r"^[ \t]*\}(?:[^ \t\n]+)[ \t]*$", ("}x",))
+    assert found is not None
+    assert found.startswith("over-broad")
+    # Blank lines stay kept: the empty filter matches a generic probe line.
+    assert Validator().check(r"^[ \t]*$", ("",)) is not None
+
+
+def test_the_literal_checker_answers_as_the_alternation() -> None:
+    """Hyperscan's misses are re-checked by `LiteralChecker`, which tries a pattern only on
+    lines holding its longest literal text: same answers as the one `regex` alternation."""
+    patterns = [
+        r"^[ \t]*worker[ \t]+(?:[0-9]+)[ \t]+ready[ \t]*$",
+        r"^[ \t]*(?:[^ \t\n]+)[ \t]+ready[ \t]*$",  # overlaps the first: order decides
+        r"^(?:[0-9]+)[ \t]+(?:[0-9]+)[ \t]+done$",  # literal text last
+        r"(?i)^[ \t]*LOADING[ \t]+(?:[0-9]+)$",  # caseless: tried on every line
+        r"^[ \t]*(?:[^ \t\n]+)[ \t]+\.{4,}[ \t]+(?:[^ \t\n]+)[ \t]*$",  # no literal run
+    ]
+    lines = [
+        "worker 3 ready",
+        "  worker 12 ready ",
+        "gpu ready",
+        "1 2 done",
+        "loading 5",
+        "Loading 7",
+        "  lr ......... 0.1",
+        "nothing here",
+        "",
+    ]
+    assert LiteralChecker(patterns).match(lines) == RegexMatcher(patterns).match(lines)
+    assert LiteralChecker(patterns).match(lines) == [0, 0, 1, 2, 3, 3, 4, None, None]

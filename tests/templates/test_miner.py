@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import regex
 
 from diagnoser.templates.miner import MinerConfig, TemplateMiner
 from diagnoser.templates.model import Slot
@@ -168,3 +170,37 @@ def test_ids_are_stable_while_their_template_lives() -> None:
     for i in range(50):
         miner.add(f"other event number {i} with text")
         assert miner.add(megatron(i + 2, 1.0)) == tid
+
+
+REAL_LOGS = Path(__file__).resolve().parents[2] / "bench" / "data" / "real-logs"
+
+
+def test_a_settings_dump_is_one_template_of_name_and_value_slots() -> None:
+    """Megatron's argument dump (`  name ..... value`, a different name on each line and dots
+    padding it to a column) was one template per setting: 600 novel lines in a first job."""
+    text = (REAL_LOGS / "megatron-rl-refit-gloo.log").read_text(encoding="utf-8")
+    dump = [line for line in text.splitlines() if regex.fullmatch(r"  \w+ \.{4,} \S+", line)]
+    assert len(dump) > 500
+    miner = TemplateMiner()
+    ids = {miner.add(line) for line in dump}
+    assert len(ids) == 1
+    view = miner.get(ids.pop())
+    assert view is not None
+    assert view.text == "  <*> .... <*>"
+
+
+def test_json_config_pairs_share_templates_by_value_shape() -> None:
+    """DeepSpeed prints its JSON config one pair per line: the names are slots; a value with
+    its comma is one too; the last pair of an object stays apart (and as it was)."""
+    miner = TemplateMiner()
+    pairs = ['    "enabled": false, ', '    "profile_step": 1, ', '    "output_file": null, ']
+    assert len({miner.add(line) for line in pairs}) == 1
+    last = miner.get(miner.add('        "stage": 0'))
+    opener = miner.get(miner.add('    "fp16": {'))
+    assert last is not None
+    assert last.text == '        "stage": <int>'
+    assert opener is not None
+    assert opener.text == '    "<*>": {'
+    view = miner.get(miner.add('    "type": "Adam", '))
+    assert view is not None
+    assert view.text == '    "<*>": <*>,'

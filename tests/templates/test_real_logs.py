@@ -78,3 +78,15 @@ def test_second_job_of_a_family_keeps_its_failure_lines_and_fewer_others(
     assert _failure_lines(ruleset, lines) <= kept
     # The second job starts with the first one's filters.
     assert second.lines_kept < first.lines_kept
+
+
+def test_a_config_dump_is_filtered_after_a_few_lines(ruleset: RuleSet) -> None:
+    """random-LTD's DeepSpeed config dump (`[INFO] [config.py:999:print]   name .... value`,
+    55 lines, each setting once) kept 48 of its lines when each setting was its own template."""
+    path = REAL_LOGS / "random-ltd-gpt2-base-run1.log"
+    lines = _lines(path)
+    log = _compress(Compressor(ruleset), path)
+    kept = {k.line_no for k in log.kept}
+    dump = [n for n, line in enumerate(lines, 1) if re.search(r" \.{4,} ", line)]
+    assert len(dump) == 55
+    assert sum(n in kept for n in dump) <= 16

@@ -65,3 +65,22 @@ def test_a_job_evicted_before_its_flush_loses_nothing_it_kept() -> None:
     assert a.entries[0].kind == "guarded"
     assert flushes["job-b"].lines_in == 1
     assert stage.drain() == []
+
+
+def test_a_stream_split_over_two_replicas_keeps_its_own_line_numbers() -> None:
+    """Each replica numbered kept lines from its own start: the second upload's failure line,
+    line 450 of the stream, was stored as line 150."""
+    lines = training_lines(1, 600)[:600]
+    lines[449] = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    key = StreamKey(job_id="gpt-7b-run1", stream="stdout", node="node-1", rank=None)
+    first, second = (CompressionStage(RuleRegistry(RULES_DIR)) for _ in range(2))
+    first.process(key, make_batch(lines[:300], first_line_no=1))
+    second.process(key, make_batch(lines[300:], first_line_no=301))
+    log = second.log("gpt-7b-run1")
+    assert log is not None
+    failure = [k.line_no for k in log.kept if k.guarded is not None]
+    assert failure == [450]
+    assert all(301 <= k.line_no <= 600 for k in log.kept)
+    runs = [e for flush in second.drain() for e in flush.entries if e.kind == "run"]
+    assert runs
+    assert all(301 <= e.line_no <= 600 for e in runs)
