@@ -82,6 +82,8 @@ ACTION = "cordon_node_and_restart"
 POOL_LINES = 2048
 """Benign lines per rank, generated once and cycled (cheap for the driver, varied enough)."""
 TARGET_P99_S = 0.100
+PROGRESS_S = 5.0
+REQUEST_TIMEOUT_S = 30.0
 TARGET_DIAGNOSIS_S = 5.0
 RAISED = {
     # 512 by default: 2,000 nodes with a few hundred ms of queueing would meet 429s.
@@ -189,7 +191,7 @@ def backing(mode: str) -> Iterator[tuple[str | None, str | None]]:
 
 
 @contextlib.contextmanager
-def services(mode: str) -> Iterator[tuple[list[Replica], str]]:
+def services(mode: str, profile: Path | None = None) -> Iterator[tuple[list[Replica], str]]:
     """The mode's replicas, up and healthy, and an admin token."""
     replicas_wanted = 2 if mode == "postgres2" else 1
     with (
@@ -203,9 +205,12 @@ def services(mode: str) -> Iterator[tuple[list[Replica], str]]:
             for index in range(replicas_wanted):
                 port = free_port()
                 log = Path(data) / f"serve-{index}.log"
+                command = [sys.executable, "-m", "diagnoser", "serve", "--port", str(port)]
+                if profile is not None and index == 0:
+                    command[1:1] = ["-m", "cProfile", "-o", str(profile)]
                 with log.open("wb") as out:
                     process = subprocess.Popen(
-                        [sys.executable, "-m", "diagnoser", "serve", "--port", str(port)],
+                        command,
                         env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=raise_fd_limit,
                     )  # fmt: skip
                 replicas.append(Replica(f"http://127.0.0.1:{port}", process, log))
@@ -286,6 +291,7 @@ class Node:
     fault_sent_at: float | None = None
     """When the first POST carrying the fault line was sent (perf_counter)."""
     connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+    last_produced: float = 0.0
 
     def append(self, line: bytes) -> None:
         self.pending += line
@@ -357,15 +363,21 @@ async def post_once(node: Node, counters: Counters) -> None:
         reader, writer = node.connection
         writer.write(head + body)
         await writer.drain()
-        status, answer, keep = await read_response(reader)
-    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        status, answer, keep = await asyncio.wait_for(read_response(reader), REQUEST_TIMEOUT_S)
+    except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError) as exc:
         counters.failures[type(exc).__name__] += 1
         if node.connection is not None:
             node.connection[1].close()
         node.connection = None
         return
-    elapsed = time.perf_counter() - started
-    if not keep:
+    settle(node, counters, status, answer, keep, time.perf_counter() - started)
+
+
+def settle(
+    node: Node, counters: Counters, status: int, answer: bytes, keep: bool, elapsed: float
+) -> None:
+    """The answer to one upload: what it committed, or why not."""
+    if not keep and node.connection is not None:
         node.connection[1].close()
         node.connection = None
     counters.requests += 1
@@ -384,31 +396,93 @@ async def post_once(node: Node, counters: Counters) -> None:
         counters.step_acked += lines
 
 
-async def run_node(node: Node, counters: Counters, interval: float, stop: asyncio.Event) -> None:
-    """Every `interval`, POST what is pending; after `stop`, until nothing is pending."""
-    last = time.perf_counter()
-    due = last + interval * (node.index % 97) / 97  # spread the first sends over an interval
+@dataclass(frozen=True)
+class Wire:
+    """How nodes send: `chunked` holds one upload open for `request_s` and writes a chunk every
+    `interval` (what `diagnoser ship` does); `requests` sends one POST per interval."""
+
+    kind: str
+    interval: float
+    request_s: float
+
+
+async def run_node(node: Node, counters: Counters, wire: Wire, stop: asyncio.Event) -> None:
+    """Until `stop`, then until nothing is pending (or the drain is cut short)."""
+    # The first sends spread over an interval, as nodes that started at different times.
+    await asyncio.sleep(wire.interval * (node.index % 97) / 97)
+    node.last_produced = time.perf_counter()
     while True:
-        now = time.perf_counter()
-        if due > now:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), due - now)
-        now = time.perf_counter()
-        if not stop.is_set():
-            node.produce(now - last)
-            last = now
-        if node.inject:
-            lines, node.inject = node.inject, []
-            for line in lines:
-                node.append(line)
+        if wire.kind == "chunked" and not stop.is_set():
+            await chunked_upload(node, counters, wire, stop)
+            continue
+        due = time.perf_counter() + (wire.interval if not stop.is_set() else 0.05)
+        tick(node, stop)
         if node.pending:
             await post_once(node, counters)
         elif stop.is_set():
             break
-        due = max(due + interval, time.perf_counter()) if not stop.is_set() else now + 0.05
+        left = due - time.perf_counter()
+        if left > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), left)
     if node.connection is not None:
         node.connection[1].close()
         node.connection = None
+
+
+def tick(node: Node, stop: asyncio.Event) -> None:
+    """The lines printed since the last tick, and any injected ones, join what is pending."""
+    now = time.perf_counter()
+    if not stop.is_set():
+        node.produce(now - node.last_produced)
+    node.last_produced = now
+    if node.inject:
+        lines, node.inject = node.inject, []
+        for line in lines:
+            node.append(line)
+
+
+async def chunked_upload(node: Node, counters: Counters, wire: Wire, stop: asyncio.Event) -> None:
+    """One long upload from the committed offset: a chunk per interval, then the end, then the
+    answer. Latency is from the last chunk (the terminator) to the answer."""
+    head = (
+        f"POST /v1/jobs/{node.job}/logs?node={node.name}&offset={node.acked_offset} HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{node.replica.port}\r\nAuthorization: Bearer {node.token}\r\n"
+        f"Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    written = 0
+    ends = time.perf_counter() + wire.request_s
+    try:
+        if node.connection is None:
+            node.connection = await asyncio.open_connection("127.0.0.1", node.replica.port)
+        reader, writer = node.connection
+        writer.write(head)
+        while True:
+            tick(node, stop)
+            if len(node.pending) > written:
+                if node.timing_fault and node.fault_sent_at is None:
+                    node.fault_sent_at = time.perf_counter()
+                chunk = bytes(node.pending[written:])
+                writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                written = len(node.pending)
+                await writer.drain()
+            left = min(wire.interval, ends - time.perf_counter())
+            if stop.is_set() or left <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), left)
+        writer.write(b"0\r\n\r\n")
+        started = time.perf_counter()
+        await writer.drain()
+        status, answer, keep = await asyncio.wait_for(read_response(reader), REQUEST_TIMEOUT_S)
+    except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError) as exc:
+        counters.failures[type(exc).__name__] += 1
+        if node.connection is not None:
+            node.connection[1].close()
+        node.connection = None
+        await asyncio.sleep(wire.interval)  # the shipper backs off, then resumes from the offset
+        return
+    settle(node, counters, status, answer, keep, time.perf_counter() - started)
 
 
 # --- one mode -----------------------------------------------------------------------------
@@ -525,11 +599,41 @@ async def watch_action(
     return None
 
 
-async def sample_rss(replicas: list[Replica], stop: asyncio.Event) -> None:
+async def framed_lines(replicas: list[Replica], token: str) -> int:
+    """Lines the replicas framed so far (`diagnoser_ingest_lines` on /metrics): the server's
+    own count, so throughput is measured where it happens, whatever the wire."""
+    total = 0
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+        for replica in replicas:
+            text = (await http.get(f"{replica.base_url}/metrics")).text
+            for line in text.splitlines():
+                if line.startswith("diagnoser_ingest_lines") and not line.startswith(
+                    "diagnoser_ingest_lines_created"
+                ):
+                    total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+async def sample_rss(
+    replicas: list[Replica], nodes: list[Node], counters: Counters, stop: asyncio.Event
+) -> None:
+    """RSS twice a second; every PROGRESS_S a line of progress (lines acked, backlog)."""
+    last_at, last_acked = time.perf_counter(), 0
     while not stop.is_set():
         now = time.perf_counter()
         for replica in replicas:
             replica.sample(now)
+        if now - last_at >= PROGRESS_S:
+            backlog = sum(len(n.pending_lines) for n in nodes)
+            rate = (counters.acked_lines - last_acked) / (now - last_at)
+            console_line(
+                f"  {rate:,.0f} lines/s acked, {counters.requests:,} requests, backlog "
+                f"{backlog:,} lines, errors {dict(counters.failures) or 0}, RSS "
+                + mib([r.rss_peak for r in replicas])
+                + " MiB"
+            )
+            last_at, last_acked = now, counters.acked_lines
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.5)
 
@@ -596,8 +700,9 @@ async def run_mode(
         replica.cpu_start = cpu_seconds(replica.process.pid)
     driver_start, machine_start = os.times(), machine_busy_seconds()
     wall_start = time.perf_counter()
-    sampler = asyncio.create_task(sample_rss(replicas, sampling))
-    tasks = [asyncio.create_task(run_node(n, counters, args.interval, stop)) for n in nodes]
+    sampler = asyncio.create_task(sample_rss(replicas, nodes, counters, sampling))
+    wire = Wire(args.wire, args.interval, args.request_s)
+    tasks = [asyncio.create_task(run_node(n, counters, wire, stop)) for n in nodes]
     await asyncio.sleep(args.interval + args.warmup_s)
 
     def set_rate(total: float) -> None:
@@ -605,27 +710,30 @@ async def run_mode(
         for node in healthy:
             node.rate = total / len(healthy)
 
-    async def measure(seconds: float) -> tuple[float, int]:
+    async def measure(seconds: float) -> tuple[float, int, float]:
+        """Elapsed s, errors, and lines/s the servers framed in the window."""
         counters.measuring = True
         counters.step_latencies, counters.step_acked = [], 0
         errors = sum(counters.failures.values())
+        framed = await framed_lines(replicas, read_token)
         started = time.perf_counter()
         await asyncio.sleep(seconds)
+        framed = await framed_lines(replicas, read_token) - framed
         elapsed = time.perf_counter() - started
         counters.measuring = False
-        return elapsed, sum(counters.failures.values()) - errors
+        return elapsed, sum(counters.failures.values()) - errors, framed / elapsed
 
     if args.ramp:
         for offered in args.ramp:
             set_rate(offered)
             await asyncio.sleep(args.interval)  # the new rate's first sends
-            elapsed, errors = await measure(args.step_seconds)
+            elapsed, errors, achieved = await measure(args.step_seconds)
             step = counters.step_latencies
             result.steps.append(
                 Step(
                     offered,
                     elapsed,
-                    counters.step_acked / elapsed,
+                    achieved,
                     percentile(step, 0.5),
                     percentile(step, 0.99),
                     errors,
@@ -636,8 +744,7 @@ async def run_mode(
     seconds = args.soak_minutes * 60 if args.soak_minutes else args.seconds
     result.offered = args.rate * args.nodes
     counters.latencies = []
-    elapsed, _ = await measure(seconds)
-    result.achieved = counters.step_acked / elapsed
+    _, _, result.achieved = await measure(seconds)
     result.p50 = percentile(counters.latencies, 0.5)
     result.p99 = percentile(counters.latencies, 0.99)
     steady_samples = [r.rss_samples[:] for r in replicas]
@@ -669,7 +776,9 @@ async def run_mode(
         result.fault_to_action = found_action[0] - fault_sent
     await asyncio.sleep(args.settle_s)  # let the storm's last lines land before counting
     stop.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+    _, late = await asyncio.wait(tasks, timeout=args.drain_timeout_s)
+    for task in late:  # the count check names their streams
+        task.cancel()
     sampling.set()
     await sampler
     result.wall = time.perf_counter() - wall_start
@@ -883,7 +992,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ranks", type=int, default=8, help="ranks per node")
     parser.add_argument("--job-nodes", type=int, default=64, help="nodes per job")
     parser.add_argument("--rate", type=float, default=10.0, help="lines/s per node")
-    parser.add_argument("--interval", type=float, default=1.0, help="s between a node's POSTs")
+    parser.add_argument("--interval", type=float, default=1.0, help="s between a node's sends")
+    parser.add_argument(
+        "--wire", choices=("chunked", "requests"), default="chunked",
+        help="chunked: long uploads as `diagnoser ship` (default); requests: a POST per interval",
+    )  # fmt: skip
+    parser.add_argument(
+        "--request-s", type=float, default=10.0, help="chunked: seconds one upload stays open"
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="steady measurement")
     parser.add_argument("--soak-minutes", type=float, default=0.0, help="steady phase in minutes")
     parser.add_argument("--warmup-s", type=float, default=3.0)
@@ -895,7 +1011,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--storm-delay-s", type=float, default=0.5)
     parser.add_argument("--storm-timeout-s", type=float, default=20.0)
     parser.add_argument("--settle-s", type=float, default=2.0)
+    parser.add_argument("--drain-timeout-s", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--profile", type=Path, default=None, help="cProfile replica 0 here")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -913,7 +1031,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     results: list[Result] = []
     for mode in args.modes:
         console_line(f"{mode}: starting")
-        with services(mode) as (replicas, admin):
+        with services(mode, args.profile) as (replicas, admin):
             results.append(asyncio.run(run_mode(args, mode, replicas, admin)))
         console_line(f"{mode}: done, {results[-1].achieved:,.0f} lines/s")
     report(args, results)
