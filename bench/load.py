@@ -58,6 +58,7 @@ import platform
 import random
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -192,7 +193,9 @@ def backing(mode: str) -> Iterator[tuple[str | None, str | None]]:
 
 
 @contextlib.contextmanager
-def services(mode: str, profile: Path | None = None) -> Iterator[tuple[list[Replica], str]]:
+def services(
+    mode: str, profile: Path | None = None, logs: Path | None = None
+) -> Iterator[tuple[list[Replica], str]]:
     """The mode's replicas, up and healthy, and an admin token."""
     replicas_wanted = 2 if mode == "postgres2" else 1
     with (
@@ -221,11 +224,14 @@ def services(mode: str, profile: Path | None = None) -> Iterator[tuple[list[Repl
         finally:
             for replica in replicas:
                 replica.process.terminate()
-            for replica in replicas:
+            for index, replica in enumerate(replicas):
                 try:
                     replica.process.wait(30)
                 except subprocess.TimeoutExpired:
                     replica.process.kill()
+                if logs is not None:
+                    logs.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(replica.log, logs / f"{mode}-serve-{index}.log")
 
 
 # --- the nodes ----------------------------------------------------------------------------
@@ -527,6 +533,7 @@ class Result:
     storm_diagnoses: list[str] = field(default_factory=list)
     healthy_diagnoses: int = 0
     healthy_examples: list[str] = field(default_factory=list)
+    server_errors: list[str] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     rss_peak: list[int] = field(default_factory=list)
     rss_by_minute: list[list[int]] = field(default_factory=list)
@@ -827,9 +834,22 @@ async def run_mode(
     result.rss_peak = [r.rss_peak for r in replicas]
     result.rss_by_minute = [minute_rss(samples) for samples in steady_samples]
     result.requests, result.failures = counters.requests, counters.failures
+    result.server_errors = [server_errors(r.log) for r in replicas]
     await storm_outcome(replicas[0], read_token, fault.job, fault.name, result)
     await count_check(replicas, nodes, read_token, result)
     return result
+
+
+def server_errors(log: Path) -> str:
+    """How many tracebacks a replica logged, and the last exception line (a 500's cause)."""
+    lines = log.read_text(errors="replace").splitlines()
+    count = sum(1 for line in lines if line.startswith("Traceback"))
+    last = next(
+        (line for line in reversed(lines) if line and not line.startswith((" ", "\t"))
+         and ("Error" in line or "Exception" in line)),
+        "",
+    )  # fmt: skip
+    return f"{count} tracebacks" + (f", last: {last[:200]}" if count else "")
 
 
 def minute_rss(samples: list[tuple[float, int]]) -> list[int]:
@@ -986,7 +1006,7 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
                 " / ".join(f"{c:.1f}" for c in r.cpu),
                 f"{per_million:.1f}",
                 mib(r.rss_peak),
-                " | ".join(mib(m) for m in r.rss_by_minute),
+                " / ".join(",".join(f"{v / 2**20:.0f}" for v in m) for m in r.rss_by_minute),
                 f"{r.driver_cpu:.1f}",
                 f"{r.machine_cpu:.1f}",
                 f"{r.wall:.0f}",
@@ -1031,6 +1051,8 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
             f"  storm job diagnoses: {r.storm_diagnoses}; on healthy jobs: {r.healthy_diagnoses}"
             + (f" {r.healthy_examples}" if r.healthy_examples else "")
         )
+        for index, logged in enumerate(r.server_errors):
+            console_line(f"  replica {index} log: {logged}")
         for problem in r.mismatched[:10]:
             console_line(f"  count: {problem}")
     console_line(
@@ -1081,6 +1103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--drain-timeout-s", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--profile", type=Path, default=None, help="cProfile replica 0 here")
+    parser.add_argument("--logs", type=Path, default=None, help="copy the serve logs here")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -1098,7 +1121,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     results: list[Result] = []
     for mode in args.modes:
         console_line(f"{mode}: starting")
-        with services(mode, args.profile) as (replicas, admin):
+        with services(mode, args.profile, args.logs) as (replicas, admin):
             results.append(asyncio.run(run_mode(args, mode, replicas, admin)))
         console_line(f"{mode}: done, {results[-1].achieved:,.0f} lines/s")
     report(args, results)
