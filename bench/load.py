@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import math
@@ -317,6 +318,17 @@ class Node:
             n = self.generated_lines
             self.append(self.pool[n % self.ranks][(n // self.ranks + self.index) % POOL_LINES])
 
+    def lines_up_to(self, offset: int) -> int | None:
+        """How many lines the driver wrote that end at or before `offset`; None when the
+        offset is not a line end it wrote (or is short of what the server acknowledged)."""
+        acked = self.generated_lines - len(self.pending_lines)
+        if offset == self.acked_offset:
+            return acked
+        index = bisect.bisect_left(self.pending_lines, offset)
+        if index == len(self.pending_lines) or self.pending_lines[index] != offset:
+            return None
+        return acked + index + 1
+
     def acknowledge(self, next_offset: int) -> int:
         """Drop what the server committed; the number of lines that were."""
         if next_offset <= self.acked_offset:
@@ -538,6 +550,11 @@ class Result:
     rss_peak: list[int] = field(default_factory=list)
     rss_by_minute: list[list[int]] = field(default_factory=list)
     mismatched: list[str] = field(default_factory=list)
+    """Streams whose committed lines differ from what the driver wrote up to their offset."""
+    undrained: int = 0
+    """Streams the driver could not empty before the drain timeout (lines still unsent)."""
+    unsent_lines: int = 0
+    acked_lines: int = 0
     streams: int = 0
     sent_lines: int = 0
     committed_lines: int = 0
@@ -675,21 +692,24 @@ async def count_check(
                 result.mismatched.append(f"{node.job}/{node.name}: HTTP {response.status_code}")
                 return
             status = response.json()
-            result.committed_lines += int(status["lines"])
-            if (status["lines"], status["committed_offset"]) != (
-                node.generated_lines,
-                node.generated_bytes,
-            ):
+            lines, offset = int(status["lines"]), int(status["committed_offset"])
+            result.committed_lines += lines
+            if node.pending:
+                result.undrained += 1
+                result.unsent_lines += len(node.pending_lines)
+            expected = node.lines_up_to(offset)
+            if expected is None or lines != expected:
                 result.mismatched.append(
-                    f"{node.job}/{node.name}: committed {status['lines']} lines "
-                    f"{status['committed_offset']} B, sent {node.generated_lines} lines "
-                    f"{node.generated_bytes} B"
+                    f"{node.job}/{node.name}: committed {lines} lines {offset} B; the driver "
+                    f"wrote {expected} lines up to that offset ({node.generated_lines} lines "
+                    f"{node.generated_bytes} B in all)"
                 )
 
         for start in range(0, len(nodes), 100):
             await asyncio.gather(*(one(n) for n in nodes[start : start + 100]))
     result.streams = len(nodes)
     result.sent_lines = sum(n.generated_lines for n in nodes)
+    result.acked_lines = sum(n.generated_lines - len(n.pending_lines) for n in nodes)
 
 
 def make_nodes(
@@ -952,7 +972,13 @@ def verdict(result: Result) -> list[str]:
         f": fault to diagnosis {sec(result.fault_to_diagnosis)} s, to cordon claimed "
         f"{sec(result.fault_to_action)} s, cordons {result.cordons or 'none'}",
         f"{'met' if not result.mismatched else 'MISSED'}: count check, "
-        f"{result.streams - len(result.mismatched)} of {result.streams} streams exact",
+        f"{result.streams - len(result.mismatched)} of {result.streams} streams exact"
+        + (
+            f" ({result.undrained} not drained at the end: {result.unsent_lines:,} lines "
+            "never sent, checked up to their committed offset)"
+            if result.undrained
+            else ""
+        ),
     ]
 
 
@@ -1156,6 +1182,8 @@ def result_json(result: Result) -> JsonObject:
         "rss_peak_bytes": result.rss_peak,
         "streams": result.streams,
         "mismatched": result.mismatched,
+        "undrained_streams": result.undrained,
+        "unsent_lines": result.unsent_lines,
         "sent_lines": result.sent_lines,
         "committed_lines": result.committed_lines,
     }

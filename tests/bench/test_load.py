@@ -20,6 +20,7 @@ def test_a_tiny_load_run_commits_every_line_once_and_cordons_the_faulty_node() -
     assert result.streams == 6
     assert result.sent_lines > 0
     assert result.mismatched == []
+    assert result.undrained == 0
     assert result.committed_lines == result.sent_lines
     assert result.cordons == ["gpu-node-0001"]
     assert result.healthy_diagnoses == 0
