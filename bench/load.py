@@ -88,6 +88,8 @@ POOL_LINES = 2048
 TARGET_P99_S = 0.100
 PROGRESS_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
+OUTCOME_TIMEOUT_S = 180.0
+"""For the checks after the run: an overloaded replica answers late, and is still asked."""
 TARGET_DIAGNOSIS_S = 5.0
 RAISED = {
     # 512 by default: 2,000 nodes with a few hundred ms of queueing would meet 429s.
@@ -683,11 +685,15 @@ async def count_check(
 ) -> None:
     """Each stream's committed lines and offset against what the driver generated."""
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(headers=headers, timeout=60) as http:
+    async with httpx.AsyncClient(headers=headers, timeout=OUTCOME_TIMEOUT_S) as http:
 
         async def one(node: Node) -> None:
             url = f"{replicas[0].base_url}/v1/jobs/{node.job}/logs"
-            response = await http.get(url, params={"node": node.name})
+            try:
+                response = await http.get(url, params={"node": node.name})
+            except httpx.HTTPError as exc:
+                result.mismatched.append(f"{node.job}/{node.name}: no answer ({exc!r})")
+                return
             if response.status_code != 200:
                 result.mismatched.append(f"{node.job}/{node.name}: HTTP {response.status_code}")
                 return
@@ -864,7 +870,10 @@ async def run_mode(
     result.rss_by_minute = [minute_rss(samples) for samples in steady_samples]
     result.requests, result.failures = counters.requests, counters.failures
     result.server_errors = [server_errors(r.log) for r in replicas]
-    await storm_outcome(replicas[0], read_token, fault.job, fault.name, result)
+    try:
+        await storm_outcome(replicas[0], read_token, fault.job, fault.name, result)
+    except httpx.HTTPError as exc:  # a replica still buried in its backlog
+        result.storm_diagnoses = [f"no answer: {exc!r}"]
     await count_check(replicas, nodes, read_token, result)
     return result
 
@@ -896,7 +905,9 @@ def minute_rss(samples: list[tuple[float, int]]) -> list[int]:
 async def storm_outcome(replica: Replica, token: str, job: str, node: str, result: Result) -> None:
     """Every cordon of the storm job, the job's diagnoses, and diagnoses on other jobs."""
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=replica.base_url, headers=headers, timeout=60) as http:
+    async with httpx.AsyncClient(
+        base_url=replica.base_url, headers=headers, timeout=OUTCOME_TIMEOUT_S
+    ) as http:
         actions = (await http.get("/v1/actions", params={"job_id": job, "limit": 500})).json()
         result.cordons = [
             str(a["target"].get("node")) for a in actions["items"] if a["kind"] == "cordon_node"
