@@ -1,6 +1,6 @@
 """Cluster-sized load: M nodes streaming at once, a failure storm, and the count check.
 
-    python bench/load.py                                    # embedded, 1 and 2 replicas, ~5 min
+    python bench/load.py                                    # embedded, 1 and 2 replicas, ~10 min
     python bench/load.py --modes embedded --nodes 2000 --seconds 30
     python bench/load.py --modes postgres2 --ramp 5000,10000,20000,40000 --step-seconds 15
     python bench/load.py --modes postgres --soak-minutes 10        # RSS over a long run
@@ -21,27 +21,31 @@ Actions are released (`DIAGNOSER_ACTIONS__DRY_RUN=false`), so the cordon reaches
 The driver simulates M nodes (`--nodes`) in jobs of `--job-nodes` nodes, each node with
 `--ranks` ranks and ONE keep-alive connection that multiplexes them: the node's stream is one
 `text/plain` byte stream whose lines carry torchrun's `[rankN]:` prefix, as `diagnoser ship`
-sends a node's launcher log. Every `--interval` s a node POSTs what its ranks printed since the
-last POST (at `--rate` lines/s per node) with `?offset=` (the shipper's resume contract); a
-node whose previous POST is still out sends the backlog with the next one, so a slow server
-shows up as lower achieved lines/s and longer latencies, never as lost lines. Lines are benign
-training output (progress, NCCL INFO, allocator and deprecation warnings). The client speaks
-HTTP/1.1 over asyncio streams with pre-encoded heads: httpx costs several times more CPU per
-request, and the driver shares the two cores with the server (see `--client-check`).
+sends a node's launcher log, at `--rate` lines/s per node. `--wire chunked` (the default) is
+the shipper's wire: a chunked upload from the committed offset (`?offset=`) that stays open
+`--request-s` s with one chunk every `--interval` s; `--wire requests` sends one POST per
+interval instead. Whatever the server has not acknowledged is sent again from its committed
+offset, so a slow server shows up as lower achieved lines/s and longer latencies, never as
+lost lines. Lines are benign training output (progress, NCCL INFO, allocator and deprecation
+warnings). The client speaks HTTP/1.1 over asyncio streams with pre-encoded heads: httpx with
+hundreds of connections in one pool costs about 75x more client CPU per request (measured,
+BENCHMARKS.md), and the driver shares the cores with the server.
 
-Phases: warm-up (every node's first POST, then `--warmup-s`), steady (`--seconds`, or
-`--soak-minutes`), or a ramp (`--ramp` total lines/s steps of `--step-seconds` each); then the
-storm in job 0: node `--fault-node` writes `NVRM: Xid ... 79, GPU has fallen off the bus`,
-and `--storm-delay-s` later every rank of every node of the job prints a DistBackendError
-traceback and the job's nodes go quiet (the other jobs keep streaming). Measured from the send
-of the POST carrying the Xid line: the correct diagnosis (`cordon_node_and_restart`, culprit
-the fault node) on `GET /v1/jobs/{job}/diagnoses` (polled every `--poll-ms`), and its
-`cordon_node` action from a long-polling `POST /v1/actions/claim`. Then every node sends its
-backlog and the count check asks each stream's committed lines and offset (`GET .../logs`).
+Phases: warm-up (every node's first send, then `--warmup-s`), steady (`--seconds`, or
+`--soak-minutes`), after an optional ramp (`--ramp` total lines/s steps of `--step-seconds`
+each); then the storm in job 0: node `--fault-node` writes `NVRM: Xid ... 79, GPU has fallen
+off the bus`, and `--storm-delay-s` later every rank of every node of the job prints a
+DistBackendError traceback and the job's nodes go quiet (the other jobs keep streaming).
+Measured from the send of the chunk carrying the Xid line: the correct diagnosis
+(`cordon_node_and_restart`, culprit the fault node) on `GET /v1/jobs/{job}/diagnoses` (polled
+every 50 ms), and its `cordon_node` action from a long-polling `POST /v1/actions/claim`. Then
+every node sends its backlog (for at most `--drain-timeout-s`) and the count check asks each
+stream's committed lines and offset (`GET .../logs`).
 
-Reported per mode: offered and achieved lines/s, POST p50/p99, errors by kind, fault to
-diagnosis and to action, cordons of the job (must be one, of the fault node), diagnoses on
-healthy jobs (must be none), CPU seconds and peak RSS per replica (from /proc), and the
+Reported per mode: offered and achieved lines/s (the servers' `diagnoser_ingest_lines`),
+upload p50/p99 (last chunk to answer), errors by kind, fault to diagnosis and to action,
+cordons of the job (must be one, of the fault node), diagnoses on healthy jobs (must be none),
+CPU seconds and peak RSS per replica (from /proc) with RSS by minute (a soak's growth), and the
 streams whose committed lines or bytes differ from what the driver sent (must be none). The
 peer column is the embedded mode (ratios to it).
 """
@@ -1001,8 +1005,8 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
         "offered lines/s",
         "achieved lines/s",
         f"vs {peer.mode}",
-        "POST p50 ms",
-        "POST p99 ms",
+        "upload p50 ms",
+        "upload p99 ms",
         f"p99 vs {peer.mode}",
         "errors",
         "fault->diagnosis s",
