@@ -37,8 +37,10 @@ from diagnoser.store.models import (
     DiagnosisRow,
     EscalationRow,
     FeedbackRow,
+    JobActivityRow,
     JobCompressionRow,
     JobEventRow,
+    JobOwnerRow,
     JobRow,
     KeptLineRow,
     LogStreamRow,
@@ -53,6 +55,8 @@ KEPT_LINES: Table = KeptLineRow.__table__  # type: ignore[assignment]
 EVENTS: Table = JobEventRow.__table__  # type: ignore[assignment]
 STREAMS: Table = LogStreamRow.__table__  # type: ignore[assignment]
 COMPRESSION: Table = JobCompressionRow.__table__  # type: ignore[assignment]
+OWNERS: Table = JobOwnerRow.__table__  # type: ignore[assignment]
+ACTIVITY: Table = JobActivityRow.__table__  # type: ignore[assignment]
 DIAGNOSES: Table = DiagnosisRow.__table__  # type: ignore[assignment]
 CULPRITS: Table = DiagnosisCulpritRow.__table__  # type: ignore[assignment]
 FEEDBACK: Table = FeedbackRow.__table__  # type: ignore[assignment]
@@ -61,9 +65,13 @@ ACTIONS: Table = ActionRow.__table__  # type: ignore[assignment]
 
 LINE_TABLES = (KEPT_LINES, EVENTS, STREAMS)
 """A job's rows with an integer id, deleted in chunks of `batch_size`."""
+PER_JOB_TABLES = (COMPRESSION, OWNERS, ACTIVITY)
+"""A few rows per job (counts, the replicas' lease and activity), deleted in one statement."""
 DIAGNOSIS_CHILDREN = (CULPRITS, FEEDBACK, ESCALATIONS, ACTIONS)
 """Deleted before their diagnosis (foreign-key order; no reliance on ON DELETE CASCADE)."""
-TABLES = tuple(t.name for t in (*LINE_TABLES, COMPRESSION, *DIAGNOSIS_CHILDREN, DIAGNOSES, JOBS))
+TABLES = tuple(
+    t.name for t in (*LINE_TABLES, *PER_JOB_TABLES, *DIAGNOSIS_CHILDREN, DIAGNOSES, JOBS)
+)
 """Every table retention prunes, in the order it does."""
 FINAL_ACTION_STATES = sorted(s.value for s in FINAL_STATES)
 FIRST_PASS_MAX_DELAY_S = 60.0
@@ -163,10 +171,10 @@ def delete_job_rows(
     return conn.execute(delete(table).where(table.c.id.in_(chosen))).rowcount
 
 
-def delete_compression(conn: Connection, jobs: JobRange, cutoff: datetime) -> int:
-    """The compression counts of the jobs of the range still idle (one row per job)."""
+def delete_per_job(conn: Connection, table: Table, jobs: JobRange, cutoff: datetime) -> int:
+    """`table`'s rows of the jobs of the range still idle (a few rows per job, no id)."""
     idle = _locked(conn, _idle(jobs, cutoff))
-    return conn.execute(delete(COMPRESSION).where(COMPRESSION.c.job_id.in_(idle))).rowcount
+    return conn.execute(delete(table).where(table.c.job_id.in_(idle))).rowcount
 
 
 def _prunable_diagnoses(jobs: JobRange, cutoffs: Cutoffs, limit: int) -> Select[tuple[str]]:
@@ -279,8 +287,11 @@ class Pruner:
                 self._count(report, Counter({table.name: gone}))
                 if gone < limit:
                     break
-        compression = functools.partial(delete_compression, jobs=jobs, cutoff=cutoffs.lines)
-        self._count(report, Counter({COMPRESSION.name: await self._step(report, compression)}))
+        for table in PER_JOB_TABLES:
+            per_job = functools.partial(
+                delete_per_job, table=table, jobs=jobs, cutoff=cutoffs.lines
+            )
+            self._count(report, Counter({table.name: await self._step(report, per_job)}))
         if cutoffs.diagnoses is not None:
             diagnoses = functools.partial(delete_diagnoses, jobs=jobs, cutoffs=cutoffs, limit=limit)
             while counts := await self._step(report, diagnoses):

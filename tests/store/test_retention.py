@@ -27,6 +27,7 @@ from diagnoser.store.migrate import upgrade
 from diagnoser.store.models import utcnow
 from diagnoser.store.retention import (
     ACTIONS,
+    ACTIVITY,
     COMPRESSION,
     CULPRITS,
     DIAGNOSES,
@@ -35,6 +36,7 @@ from diagnoser.store.retention import (
     FEEDBACK,
     JOBS,
     KEPT_LINES,
+    OWNERS,
     STREAMS,
     Pruner,
 )
@@ -99,6 +101,13 @@ def seed_job(
             )
         )
     conn.execute(insert(COMPRESSION).values(job_id=job_id, family="llama", updated_at=idle_since))
+    # The replicas' lease and activity rows of the job (docs/scale-out.md).
+    conn.execute(insert(OWNERS).values(job_id=job_id, owner="replica-a", lease_until=idle_since))
+    conn.execute(
+        insert(ACTIVITY).values(
+            job_id=job_id, replica="replica-a", last_line_at=idle_since, updated_at=idle_since
+        )
+    )
 
 
 def seed_diagnosis(conn: Connection, job_id: str, updated: datetime, action_state: str) -> str:
@@ -161,6 +170,8 @@ def left(conn: Connection) -> dict[str, dict[str, int]]:
         EVENTS,
         STREAMS,
         COMPRESSION,
+        OWNERS,
+        ACTIVITY,
         DIAGNOSES,
         ACTIONS,
         ESCALATIONS,
@@ -187,7 +198,14 @@ async def test_a_pass_prunes_idle_jobs_and_keeps_diagnoses_live_jobs_and_actions
     report = await Pruner(sessions, RETENTION).prune()
 
     rows = await sessions.run(left)
-    lines = {"kept_lines": 10, "job_events": 2, "log_streams": 2, "job_compression": 1}
+    lines = {
+        "kept_lines": 10,
+        "job_events": 2,
+        "log_streams": 2,
+        "job_compression": 1,
+        "job_owners": 1,
+        "job_activity": 1,
+    }
     diagnosis = {
         "diagnoses": 1,
         "actions": 1,
@@ -209,6 +227,8 @@ async def test_a_pass_prunes_idle_jobs_and_keeps_diagnoses_live_jobs_and_actions
         "job_events": 8,
         "log_streams": 8,
         "job_compression": 4,
+        "job_owners": 4,
+        "job_activity": 4,
         "diagnoses": 1,
         "actions": 1,
         "diagnosis_culprits": 1,
