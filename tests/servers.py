@@ -48,6 +48,10 @@ START_TIMEOUT_S = 120.0
 """How long `diagnoser serve` may take to answer: seconds alone, far more on a loaded machine."""
 
 
+class ServerExitedError(RuntimeError):
+    """The process being waited for is gone: waiting longer cannot help."""
+
+
 def wait_until(check: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
@@ -55,6 +59,8 @@ def wait_until(check: object, timeout: float, what: str) -> None:
         try:
             if check():  # type: ignore[operator]
                 return
+        except ServerExitedError:
+            raise
         except Exception as exc:  # still starting
             last = exc
         time.sleep(0.05)
@@ -176,6 +182,20 @@ class ServiceProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, *extra_args: str) -> None:
+        """Start and wait for /healthz. A port another worker's test took since it was chosen
+        (a restart reuses its port) is given up for a fresh one, once or twice."""
+        for attempt in range(3):
+            mark = self.log.stat().st_size if self.log.exists() else 0
+            try:
+                self._start(*extra_args)
+                return
+            except (RuntimeError, TimeoutError):
+                taken = "already in use" in self.log.read_text(errors="replace")[mark:]
+                if not taken or attempt == 2:
+                    raise
+                self.port = free_port()
+
+    def _start(self, *extra_args: str) -> None:
         env = {**os.environ, **self.env}
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
@@ -187,7 +207,7 @@ class ServiceProcess:
 
         def alive() -> bool:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-2000:]}")
+                raise ServerExitedError(f"server exited: {self.log.read_text()[-2000:]}")
             probe = httpx.get(f"{self.base_url}/healthz", headers=self.probe_headers, timeout=1)
             return probe.status_code == 200
 
