@@ -223,13 +223,13 @@ def model_url() -> Iterator[str]:
 async def test_a_real_model_is_asked_k_times_and_every_answer_is_judged(model_url: str) -> None:
     compressor = family()
     client = LlmClient(LlmSettings(base_url=model_url, model="smollm2", timeout_s=120))
-    agent = LogAgent(client, k=3, max_tokens=200)
+    agent = LogAgent(client, k=2, max_tokens=200)  # two samples show the vote; CPU-bound
     outcome = await agent.propose(pending(compressor)[0], compressor)
     await client.aclose()
 
-    assert agent.counts.calls == 3
-    assert len(outcome.candidates) == 3
-    assert sorted(c.seed for c in outcome.candidates) == [0, 1, 2]
+    assert agent.counts.calls == 2
+    assert len(outcome.candidates) == 2
+    assert sorted(c.seed for c in outcome.candidates) == [0, 1]
     for candidate in outcome.candidates:
         assert candidate.reason is None or candidate.reason.strip()
     if outcome.filter is None:
