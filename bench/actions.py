@@ -54,7 +54,7 @@ from typing import Any
 
 import httpx
 import sqlalchemy
-from processes import free_port, wait_for_health
+from processes import free_port, throwaway_postgres, wait_for_health
 from rich.console import Console
 from rich.table import Table
 from training_log import benign_text
@@ -108,23 +108,6 @@ def show(console: Console, title: str, columns: Sequence[str], rows: list[list[s
 
 
 # --- servers ------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def postgres() -> Iterator[str | None]:
-    """A throwaway PostgreSQL cluster, or None without the server binaries."""
-    from tests.servers import PostgresServer, find_postgres_bin
-
-    if find_postgres_bin("initdb") is None or find_postgres_bin("pg_ctl") is None:
-        yield None
-        return
-    server = PostgresServer()
-    try:
-        server.init()
-        server.start()
-        yield server.url()
-    finally:
-        server.destroy()
 
 
 def fresh_pg_database(server_url: str) -> str:
@@ -286,7 +269,7 @@ async def claims_run(
 def claims_section(args: argparse.Namespace, console: Console) -> None:
     runs: list[ClaimRun] = []
     plans = [(ops, batch) for batch in args.batch for ops in (1, 4)]
-    with postgres() as server_url:
+    with throwaway_postgres() as server_url:
         if server_url is None:
             console.print("claims: no PostgreSQL server binaries here: SQLite rows only")
         for operators, batch in plans:

@@ -48,7 +48,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import regex
 import sqlalchemy
-from processes import cpu_seconds, free_port, machine_busy_seconds, wait_for_health
+from processes import (
+    cpu_seconds,
+    free_port,
+    machine_busy_seconds,
+    throwaway_postgres,
+    wait_for_health,
+)
 from rich.console import Console
 from rich.table import Table
 from training_log import benign_line
@@ -488,23 +494,6 @@ def storm_run(
     )
 
 
-@contextlib.contextmanager
-def postgres() -> Iterator[str | None]:
-    """A throwaway PostgreSQL cluster with a migrated database, or None without the binaries."""
-    from tests.servers import PostgresServer, find_postgres_bin
-
-    if find_postgres_bin("initdb") is None or find_postgres_bin("pg_ctl") is None:
-        yield None
-        return
-    server = PostgresServer()
-    try:
-        server.init()
-        server.start()
-        yield server.url()
-    finally:
-        server.destroy()
-
-
 def fresh_pg_database(server_url: str) -> str:
     import psycopg
 
@@ -842,7 +831,7 @@ def storm_section(args: argparse.Namespace, report: Report, console: Console) ->
         row.name = name
         rows.append(row)
     notes = []
-    with postgres() as server_url:
+    with throwaway_postgres() as server_url:
         if server_url is None:
             notes.append("Two replicas: not run (no PostgreSQL server binaries on this machine).")
         elif args.answers != "split":

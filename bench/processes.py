@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -58,3 +59,21 @@ def wait_for_health(
         if time.monotonic() > deadline:
             raise TimeoutError(f"server not up after {timeout_s:g} s")
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def throwaway_postgres(*, own_database: bool = False) -> Iterator[str | None]:
+    """A throwaway PostgreSQL cluster's URL (its default database, or a fresh one with
+    `own_database`), or None without the server binaries; the cluster is removed after."""
+    from tests.servers import PostgresServer, find_postgres_bin
+
+    if find_postgres_bin("initdb") is None or find_postgres_bin("pg_ctl") is None:
+        yield None
+        return
+    server = PostgresServer()
+    try:
+        server.init()
+        server.start()
+        yield server.create_database() if own_database else server.url()
+    finally:
+        server.destroy()

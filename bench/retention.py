@@ -42,7 +42,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
-from processes import free_port, wait_for_health
+from processes import free_port, throwaway_postgres, wait_for_health
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Engine, delete, func, insert, select, text
@@ -104,23 +104,6 @@ class PruneRow:
     rows: int
     seconds: float
     transactions: int
-
-
-@contextlib.contextmanager
-def postgres() -> Iterator[str | None]:
-    """A throwaway PostgreSQL cluster's URL, or None without the server binaries."""
-    from tests.servers import PostgresServer, find_postgres_bin
-
-    if find_postgres_bin("initdb") is None or find_postgres_bin("pg_ctl") is None:
-        yield None
-        return
-    server = PostgresServer()
-    try:
-        server.init()
-        server.start()
-        yield server.create_database()
-    finally:
-        server.destroy()
 
 
 @contextlib.contextmanager
@@ -411,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += run_backend("sqlite", None, args.lines, shapes)
         prunes += run_prune("sqlite", None, args.old_jobs)
     if "postgres" in backends:
-        with postgres() as url:
+        with throwaway_postgres(own_database=True) as url:
             if url is None:
                 console.print("no PostgreSQL binaries: SQLite only", markup=False)
             else:
