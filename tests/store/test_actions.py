@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -35,15 +34,6 @@ from diagnoser.store.models import (
 
 LIVE = PolicyConfig(dry_run=False, verify_failure_types=("nccl_timeout",))
 LEASE = timedelta(seconds=60)
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[Sessions]:
-    db = parse_database_url(database_url)
-    upgrade(db)
-    opened = Sessions(create_service_engine(db), db)
-    yield opened
-    await opened.close()
 
 
 async def diagnose(

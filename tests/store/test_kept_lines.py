@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 
 from diagnoser.pipeline import Pipeline, StreamKey
 from diagnoser.rules import RuleRegistry, make_batch
-from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
+from diagnoser.store.database import Sessions
 from diagnoser.store.kept_lines import KeptLineStore
-from diagnoser.store.migrate import upgrade
 from diagnoser.store.models import KeptLineRow
 from diagnoser.templates.compressor import CompressorConfig, KeptLine
 from diagnoser.templates.stage import CompressionStage, StoredBounds
@@ -22,15 +19,6 @@ FAILURE = "RuntimeError: CUDA error: an illegal memory access was encountered"
 BOUNDS = StoredBounds(first_n=5, last_n=5, guarded_cap=3, novel_cap=0)
 KEEP_ALL = CompressorConfig(min_count=10**9)
 """No filter is ever learned: every line is kept, so the bound alone decides what stays."""
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[Sessions]:
-    db = parse_database_url(database_url)
-    upgrade(db)
-    opened = Sessions(create_service_engine(db), db)
-    yield opened
-    await opened.close()
 
 
 _next_line: dict[tuple[int, str], int] = {}

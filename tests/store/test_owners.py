@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import pytest
-
 from diagnoser.store import owners
-from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
-from diagnoser.store.migrate import upgrade
+from diagnoser.store.database import Sessions
 from diagnoser.store.models import utcnow
 
 LEASE_S = 10.0
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[Sessions]:
-    db = parse_database_url(database_url)
-    upgrade(db)
-    opened = Sessions(create_service_engine(db), db)
-    yield opened
-    await opened.close()
 
 
 async def claim(sessions: Sessions, replica: str, jobs: list[str], after_s: float = 0) -> set[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -19,7 +19,6 @@ from diagnoser import cli
 from diagnoser.config import RetentionSettings
 from diagnoser.store.database import (
     Sessions,
-    create_service_engine,
     create_sync_engine,
     parse_database_url,
 )
@@ -46,15 +45,6 @@ from tests.servers import ServiceProcess
 DAY = timedelta(days=1)
 RETENTION = RetentionSettings(days=30, diagnosis_days=90, batch_size=3, pause_s=0)
 """A batch of 3 makes every table take several transactions."""
-
-
-@pytest.fixture
-async def sessions(database_url: str) -> AsyncIterator[Sessions]:
-    db = parse_database_url(database_url)
-    upgrade(db)
-    opened = Sessions(create_service_engine(db), db)
-    yield opened
-    await opened.close()
 
 
 def seed_job(
