@@ -4,7 +4,7 @@
 thing as a function, for the end-to-end test (tests/examples/test_cluster_demo.py).
 """
 
-from examples.cluster_demo.demo import DemoConfig, Features, detect_features, run_demo
+from examples.cluster_demo.demo import DemoConfig, run_demo
 from examples.cluster_demo.timeline import Step, Timeline, render
 
-__all__ = ["DemoConfig", "Features", "Step", "Timeline", "detect_features", "render", "run_demo"]
+__all__ = ["DemoConfig", "Step", "Timeline", "render", "run_demo"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from examples.cluster_demo.demo import DemoConfig, detect_features, run_demo
+from examples.cluster_demo.demo import DemoConfig, run_demo
 from examples.cluster_demo.timeline import render
 
 COLOURS = ("cyan", "green", "magenta", "yellow", "blue", "red")
@@ -32,11 +32,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     console = Console(highlight=False, soft_wrap=True)
-    features = detect_features()
     config = replace(
         DemoConfig(),
-        actions_api=features.actions_api,
-        operator=features.operator and features.actions_api and not args.no_operator,
+        operator=not args.no_operator,
         spare_nodes=args.spare_nodes,
         step_seconds=args.step_seconds,
         work_dir=args.work_dir,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import re
 import sys
 import tempfile
@@ -61,21 +60,6 @@ JsonObject = dict[str, Any]
 
 
 @dataclass(frozen=True)
-class Features:
-    """What this build of diagnoser has: the demo runs the parts that exist."""
-
-    actions_api: bool
-    operator: bool
-
-
-def detect_features() -> Features:
-    return Features(
-        actions_api=importlib.util.find_spec("diagnoser.api.actions") is not None,
-        operator=importlib.util.find_spec("diagnoser.operator") is not None,
-    )
-
-
-@dataclass(frozen=True)
 class DemoConfig:
     job_id: str = "train-demo"
     workers: int = 4
@@ -86,7 +70,6 @@ class DemoConfig:
     nccl_timeout_ms: int = 2000
     spare_nodes: int = 0
     """Extra idle Nodes the restarted worker can move to (0: it stays Pending)."""
-    actions_api: bool = True
     operator: bool = True
     deadline_s: float = 240.0
     """How long the whole demo may take before it gives up (a loaded machine is slow)."""
@@ -250,8 +233,7 @@ async def _watch(
     while True:
         with contextlib.suppress(httpx.HTTPError):
             observer.diagnoses(await service.diagnoses(config.job_id))
-            if config.actions_api:
-                observer.actions(await service.actions(config.job_id))
+            observer.actions(await service.actions(config.job_id))
         with contextlib.suppress(httpx.HTTPError):
             observer.nodes(await cluster.api.nodes())
         await asyncio.sleep(POLL_SECONDS)
@@ -274,9 +256,8 @@ def _restarted(timeline: Timeline, cluster: EmulatedCluster, config: DemoConfig)
 def _acted(timeline: Timeline, cluster: EmulatedCluster, config: DemoConfig) -> bool:
     node = timeline.node(config.faulty_node)
     cordoned = node is not None and is_cordoned_by_diagnoser(node)
-    settled = not config.actions_api or (
-        bool(timeline.actions)
-        and all(action.get("state") in TERMINAL_STATES for action in timeline.actions)
+    settled = bool(timeline.actions) and all(
+        action.get("state") in TERMINAL_STATES for action in timeline.actions
     )
     return cordoned and _restarted(timeline, cluster, config) and settled
 
@@ -350,8 +331,7 @@ class Run:
             watcher = asyncio.create_task(_watch(self.observer, self.api, self.cluster, config))
             await self.run_ranks()
             await self.deadline.until(lambda: _diagnosed(timeline, config), "the diagnosis")
-            if config.actions_api:
-                await self.deadline.until(lambda: bool(timeline.actions), "the actions")
+            await self.deadline.until(lambda: bool(timeline.actions), "the actions")
             if config.operator:
                 await self.run_operator()
             timeline.finished = True
@@ -365,17 +345,15 @@ class Run:
             await self.read_back()
             for child in reversed(self.children):
                 await child.stop()
-        if not config.actions_api:
-            timeline.notes.append(
-                "this build has no actions API (/v1/actions): the diagnosis is the last step"
-            )
-        elif not config.operator:
+        if not config.operator:
             timeline.notes.append("the operator was not run: nothing carried the actions out")
 
     async def start_service(self) -> None:
-        env = {"DIAGNOSER_DATA_DIR": str(self.work_dir / "data"), "DIAGNOSER_RULES_WATCH": "false"}
-        if self.config.actions_api:
-            env["DIAGNOSER_ACTIONS__DRY_RUN"] = "false"
+        env = {
+            "DIAGNOSER_DATA_DIR": str(self.work_dir / "data"),
+            "DIAGNOSER_RULES_WATCH": "false",
+            "DIAGNOSER_ACTIONS__DRY_RUN": "false",
+        }
         port = self.base_url.rsplit(":", 1)[1]
         service = Child(
             "service",
@@ -387,9 +365,9 @@ class Run:
         self.children.append(service)
         await service.start()
         await wait_healthy(service, self.base_url, max(1.0, self.deadline.at - time.monotonic()))
-        mode = "dry-run off" if self.config.actions_api else "no actions API in this build"
         self.timeline.add(
-            "service", f"diagnoser serve at {self.base_url}: SQLite in {self.work_dir}/data, {mode}"
+            "service",
+            f"diagnoser serve at {self.base_url}: SQLite in {self.work_dir}/data, dry-run off",
         )
         await self.api.put_job(
             self.config.job_id,
@@ -456,8 +434,7 @@ class Run:
         """The final state, as the service and the emulator report it."""
         with contextlib.suppress(httpx.HTTPError):
             self.timeline.diagnoses = await self.api.diagnoses(self.config.job_id)
-            if self.config.actions_api:
-                self.timeline.actions = await self.api.actions(self.config.job_id)
+            self.timeline.actions = await self.api.actions(self.config.job_id)
         with contextlib.suppress(httpx.HTTPError):
             self.timeline.nodes = await self.cluster.api.nodes()
             self.timeline.pods = await self.cluster.api.pods()
