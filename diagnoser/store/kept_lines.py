@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import anyio
 from sqlalchemy import Connection, Table, delete, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from diagnoser.store.database import Sessions
 from diagnoser.store.models import JobCompressionRow, KeptLineRow, utcnow
@@ -133,12 +135,21 @@ def _stored(counts: JobCompressionRow, rows: Sequence[KeptLineRow]) -> StoredLog
 def write(conn: Connection, flushes: Sequence[JobFlush], last_n: int) -> None:
     """One transaction: count deltas, new rows, and the pruned middle of the streams written."""
     table = COUNTS
+    upsert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
     for f in flushes:
+        # Replicas flush one job's counts at once: the row is created once (a plain insert
+        # raced into a duplicate key), then locked while its deltas are added (the template
+        # counts are merged in Python, which two unlocked writers would lose).
+        conn.execute(
+            upsert(table)
+            .values(job_id=f.job_id, family=f.family, updated_at=utcnow())
+            .on_conflict_do_nothing(index_elements=["job_id"])
+        )
         row = conn.execute(
-            select(JobCompressionRow.filtered_by_template, JobCompressionRow.truncated).where(
-                JobCompressionRow.job_id == f.job_id
-            )
-        ).first()
+            select(JobCompressionRow.filtered_by_template, JobCompressionRow.truncated)
+            .where(JobCompressionRow.job_id == f.job_id)
+            .with_for_update()
+        ).one()
         streams = {e.stream for e in f.entries if e.kind in PRUNABLE}
         pruned = f.pruned
         if f.entries:
@@ -163,22 +174,7 @@ def write(conn: Connection, flushes: Sequence[JobFlush], last_n: int) -> None:
             )
         for stream in sorted(streams):
             pruned = _prune_stream(conn, f, stream, last_n) or pruned
-        if row is None:
-            conn.execute(
-                insert(table).values(
-                    job_id=f.job_id,
-                    family=f.family,
-                    lines_in=f.lines_in,
-                    lines_kept=f.lines_kept,
-                    lines_filtered=f.lines_in - f.lines_kept,
-                    truncated=pruned,
-                    open_runs=f.open_runs,
-                    filtered_by_template=f.filtered_by_text,
-                    updated_at=utcnow(),
-                )
-            )
-            continue
-        merged = dict(row.filtered_by_template)
+        merged = dict(row.filtered_by_template or {})
         for text, n in f.filtered_by_text.items():
             merged[text] = merged.get(text, 0) + n
         conn.execute(

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 
 from diagnoser.pipeline import Pipeline, StreamKey
 from diagnoser.rules import RuleRegistry, make_batch
-from diagnoser.store.database import Sessions
-from diagnoser.store.kept_lines import KeptLineStore
-from diagnoser.store.models import KeptLineRow
+from diagnoser.store.database import Sessions, create_sync_engine, parse_database_url
+from diagnoser.store.kept_lines import KeptLineStore, write
+from diagnoser.store.migrate import upgrade
+from diagnoser.store.models import JobCompressionRow, KeptLineRow
 from diagnoser.templates.compressor import CompressorConfig, KeptLine
-from diagnoser.templates.stage import CompressionStage, StoredBounds
+from diagnoser.templates.stage import CompressionStage, JobFlush, StoredBounds
 from tests.templates.corpus import RULES_DIR
 
 FAILURE = "RuntimeError: CUDA error: an illegal memory access was encountered"
@@ -98,3 +101,43 @@ async def test_a_failed_flush_loses_nothing(sessions: Sessions) -> None:
     counts = await store.counts("job-1")
     assert counts is not None
     assert (counts.lines_in, counts.lines_kept, counts.lines_filtered) == (6, 6, 0)
+
+
+def test_two_replicas_flushing_one_job_at_once_add_up(database_url: str) -> None:
+    """The first flush of a job on two replicas used to race into a duplicate key (seen in
+    bench/load.py with two replicas); the second writer now waits for the first's row."""
+    db = parse_database_url(database_url)
+    upgrade(db)
+    engine = create_sync_engine(db)
+
+    def flush(lines_in: int, template: str) -> JobFlush:
+        return JobFlush(
+            job_id="shared", family="llama", entries=[], lines_in=lines_in, lines_kept=1,
+            filtered={}, filtered_by_text={template: lines_in - 1}, open_runs=[], pruned=False,
+        )  # fmt: skip
+
+    first_wrote = threading.Event()
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        first_wrote.wait(30)
+        try:
+            with engine.begin() as conn:
+                write(conn, [flush(20, "b <*>")], last_n=10)
+        except BaseException as exc:
+            errors.append(exc)
+
+    other = threading.Thread(target=second)
+    other.start()
+    with engine.begin() as conn:
+        write(conn, [flush(10, "a <*>")], last_n=10)
+        first_wrote.set()
+        other.join(0.5)  # on PostgreSQL the second waits for this row lock; on SQLite for the file
+    other.join(30)
+    assert errors == []
+    with engine.connect() as conn:
+        row = conn.execute(select(JobCompressionRow).where(JobCompressionRow.job_id == "shared"))
+        counts = row.one()
+    engine.dispose()
+    assert (counts.lines_in, counts.lines_kept, counts.lines_filtered) == (30, 2, 28)
+    assert counts.filtered_by_template == {"a <*>": 9, "b <*>": 19}
