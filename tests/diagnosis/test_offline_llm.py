@@ -203,15 +203,15 @@ def test_a_real_model_votes_offline_and_every_vote_is_checked(tmp_path: Path) ->
                 *logs,
                 "--json",
                 DIAGNOSER_LLM__MODEL="smollm2",
-                DIAGNOSER_LLM__SAMPLES="3",
+                DIAGNOSER_LLM__SAMPLES="2",  # each sample is seconds of CPU on the suite's cores
                 DIAGNOSER_LLM__MAX_TOKENS="160",  # room for an answer; a rambling one stops early
                 DIAGNOSER_LLM__MIN_AGREEMENT="0.67",
                 DIAGNOSER_LLM__TIMEOUT_S="120",
             )
         )
     votes = body["votes"]
-    assert votes["k"] == 3
-    assert 2 <= votes["asked"] <= 3
+    assert votes["k"] == 2
+    assert 1 <= votes["asked"] <= 2, "asked until decided or undecidable"
     assert sum(votes["votes"].values()) == votes["asked"]
     assert votes["output_mode"] == "json_schema"
     assert votes["tokens_in"] > 0
