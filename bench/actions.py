@@ -54,7 +54,7 @@ from typing import Any
 
 import httpx
 import sqlalchemy
-from processes import free_port, throwaway_postgres, wait_for_health
+from processes import percentile, serve, throwaway_postgres
 from rich.console import Console
 from rich.table import Table
 from training_log import benign_text
@@ -78,13 +78,6 @@ NOT_BUILT = (
 )
 NO_OPERATOR = "no `diagnoser operator` in this build (issue 14): the cordon column is skipped"
 JsonObject = dict[str, Any]
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 def ms(seconds: float) -> str:
@@ -127,31 +120,12 @@ def fresh_pg_database(server_url: str) -> str:
 @contextlib.contextmanager
 def service(database_url: str | None) -> Iterator[str]:
     """`diagnoser serve` with actions released (dry-run off), on SQLite or the given database."""
-    with tempfile.TemporaryDirectory(prefix="bench-actions-") as data:
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
-        env |= {
-            "DIAGNOSER_DATA_DIR": data,
-            "DIAGNOSER_RULES_WATCH": "false",
-            "DIAGNOSER_ACTIONS__DRY_RUN": "false",
-        }
-        if database_url is not None:
-            env["DIAGNOSER_DB__URL"] = database_url
-        log = Path(data) / "serve.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "diagnoser", "serve", "--port", str(port)],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        base_url = f"http://127.0.0.1:{port}"
-        try:
-            wait_for_health(process, base_url, log, timeout_s=60)
-            yield base_url
-        finally:
-            process.terminate()
-            process.wait(30)
+    settings = {"DIAGNOSER_RULES_WATCH": "false", "DIAGNOSER_ACTIONS__DRY_RUN": "false"}
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-actions-") as data,
+        serve(Path(data), settings, database_url, timeout_s=60) as url,
+    ):
+        yield url
 
 
 async def require_actions_api(http: httpx.AsyncClient) -> None:

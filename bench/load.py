@@ -75,7 +75,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from processes import cpu_seconds, free_port, machine_busy_seconds, rss_bytes, wait_for_health
+from processes import (
+    cpu_seconds,
+    free_port,
+    machine_busy_seconds,
+    percentile,
+    rss_bytes,
+    wait_for_health,
+)
 from rich.console import Console
 from rich.table import Table
 from training_log import benign_line
@@ -105,13 +112,6 @@ RAISED = {
 }
 """Settings raised for the run so that no admission limit caps what is measured."""
 JsonObject = dict[str, Any]
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 # --- the services -------------------------------------------------------------------------

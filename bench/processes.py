@@ -6,8 +6,9 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -59,6 +60,42 @@ def wait_for_health(
         if time.monotonic() > deadline:
             raise TimeoutError(f"server not up after {timeout_s:g} s")
         time.sleep(0.05)
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The value at `fraction` of the sorted samples (nearest index); NaN without samples."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+@contextlib.contextmanager
+def serve(
+    data: Path, settings: Mapping[str, str], database_url: str | None, timeout_s: float
+) -> Iterator[str]:
+    """`diagnoser serve` on a free port with only `settings` (the caller's DIAGNOSER_* are
+    dropped), data under `data`, on SQLite or `database_url`; yields its base URL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
+    env |= {"DIAGNOSER_DATA_DIR": str(data), **settings}
+    if database_url is not None:
+        env["DIAGNOSER_DB__URL"] = database_url
+    log = data / "serve.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "diagnoser", "serve", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_health(process, base_url, log, timeout_s=timeout_s)
+        yield base_url
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
-from processes import free_port, throwaway_postgres, wait_for_health
+from processes import serve, throwaway_postgres
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Engine, delete, func, insert, select, text
@@ -109,26 +108,8 @@ class PruneRow:
 @contextlib.contextmanager
 def service(data: Path, database_url: str | None) -> Iterator[str]:
     """`diagnoser serve` on the embedded SQLite in `data`, or on `database_url`."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DIAGNOSER_")}
-    env |= {"DIAGNOSER_DATA_DIR": str(data), "DIAGNOSER_RULES_WATCH": "false"}
-    if database_url is not None:
-        env["DIAGNOSER_DB__URL"] = database_url
-    log = data / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "diagnoser", "serve", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_health(process, base_url, log, timeout_s=120)
-        yield base_url
-    finally:
-        process.terminate()
-        process.wait(30)
+    with serve(data, {"DIAGNOSER_RULES_WATCH": "false"}, database_url, timeout_s=120) as url:
+        yield url
 
 
 def used_bytes(engine: Engine) -> int:
