@@ -243,7 +243,14 @@ def test_redis_down_degrades_to_the_database_and_recovers(stack: Stack) -> None:
     )
     claimed = httpx.post(
         f"{stack.service.base_url}/v1/actions/claim",
-        json={"operator_id": "op-gone", "kinds": ["cordon_node"], "lease_seconds": 5},
+        # A long poll: the gauge above may count an earlier test's action before this cordon is
+        # released (seen in CI), so the claim waits for it rather than asking once.
+        json={
+            "operator_id": "op-gone",
+            "kinds": ["cordon_node"],
+            "lease_seconds": 5,
+            "wait_seconds": 20,
+        },
         timeout=30,
     )
     assert claimed.status_code == 200, claimed.text
