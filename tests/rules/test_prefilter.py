@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from diagnoser.rules import RuleSet, scan_lines
 from diagnoser.rules.anchors import AnchorError, derive
 from diagnoser.rules.prefilter import Anchor, HyperscanPrefilter, RegexPrefilter
 from tests.rules.conftest import FIXTURES_DIR, RULES_DIR
-
-LOGHUB = Path("/work/shared/data/loghub-2k")
+from tests.templates.corpus import LOGHUB
 
 
 def _corpus() -> list[str]:
