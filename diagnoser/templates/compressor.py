@@ -26,7 +26,7 @@ from diagnoser.templates.guard import Guard, GuardReason, GuardState
 from diagnoser.templates.miner import MinerConfig, TemplateMiner
 from diagnoser.templates.model import TemplateView
 from diagnoser.templates.signals import PROGRESS_WORDS, Extractor, SignalConfig, Signals
-from diagnoser.templates.validation import Validator
+from diagnoser.templates.validation import Validator, compile_filter
 
 _RANK = regex.compile(
     r"(?i)\[rank[ :]?(\d{1,6})\]|\brank[ =:](\d{1,6})\b|^\s*(\d{1,6}): "
@@ -645,7 +645,7 @@ def _with_new_filters(
     added = [f for f in new if f.enabled]
     if not added or None not in idx:
         return idx, active
-    compiled = [regex.compile(f.pattern) for f in added]
+    compiled = [compile_filter(f.pattern) for f in added]
     base = len(active)
     out = list(idx)
     for i, x in enumerate(idx):

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate
 from operator import add
 from re import _constants as sre  # type: ignore[attr-defined,unused-ignore]
@@ -17,7 +17,7 @@ from typing import Protocol
 import regex
 
 from diagnoser.rules import hyperscan_db
-from diagnoser.templates.validation import DEFAULT_TIMEOUT
+from diagnoser.templates.validation import DEFAULT_TIMEOUT, compile_filter
 
 
 class Matcher(Protocol):
@@ -110,9 +110,16 @@ class LiteralChecker:
 
     def __init__(self, patterns: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self._timeout = timeout
-        self._tests = [
-            (i, required_text(p), regex.compile(p).fullmatch) for i, p in enumerate(patterns)
-        ]
+        self._patterns = list(patterns)
+        self._tests = [(i, required_text(p)) for i, p in enumerate(patterns)]
+        self._fullmatch: dict[int, Callable[..., regex.Match[str] | None]] = {}
+
+    def _compiled(self, i: int) -> Callable[..., regex.Match[str] | None]:
+        """Compiled on first need: most filters are never tried here (hyperscan answered)."""
+        fullmatch = self._fullmatch.get(i)
+        if fullmatch is None:
+            fullmatch = self._fullmatch[i] = compile_filter(self._patterns[i]).fullmatch
+        return fullmatch
 
     def match(self, lines: Sequence[str]) -> list[int | None]:
         out: list[int | None] = []
@@ -121,11 +128,11 @@ class LiteralChecker:
         timeout = self._timeout
         for line in lines:
             found = None
-            for i, text, fullmatch in tests:
+            for i, text in tests:
                 if text not in line:
                     continue
                 try:
-                    hit = fullmatch(line, timeout=timeout)
+                    hit = self._compiled(i)(line, timeout=timeout)
                 except TimeoutError:
                     hit = None  # kept, never wrongly dropped
                 if hit is not None:

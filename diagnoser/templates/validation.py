@@ -12,7 +12,9 @@ memo of `FilterSet` may serve a filter.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from re import _constants as sre  # type: ignore[attr-defined,unused-ignore]
 from re import _parser as sre_parse  # type: ignore[attr-defined,unused-ignore]
 from typing import Any
@@ -27,6 +29,13 @@ DEFAULT_TIMEOUT = 0.05
 """Seconds a candidate may spend on one adversarial input before it is rejected."""
 MAX_CORPUS = 4096
 """Guard corpus lines remembered beyond the rule examples (failure-word lines seen so far)."""
+
+
+@lru_cache(maxsize=1024)
+def compile_filter(pattern: str) -> regex.Pattern[str]:
+    """`regex.compile`, remembered: a filter set is rebuilt each time filters are learned, and
+    the `regex` parser takes milliseconds per filter (filters run to hundreds of characters)."""
+    return regex.compile(pattern)
 
 
 class _UnsupportedError(ValueError):
@@ -198,7 +207,7 @@ class Validator:
     def check(self, pattern: str, samples: Sequence[str]) -> str | None:
         """None when the candidate may be used, else why not."""
         try:
-            compiled = regex.compile(pattern)
+            compiled = compile_filter(pattern)
         except regex.error as exc:
             return f"does not compile: {exc}"
         try:
@@ -218,10 +227,15 @@ class Validator:
             for sample in samples:
                 if compiled.fullmatch(sample, timeout=self.timeout) is None:
                     return f"does not fullmatch its sample {sample[:200]!r}"
-            corpus = "\n".join(self.corpus)
-            hit = regex.compile(pattern, regex.MULTILINE).search(corpus, timeout=self.timeout * 20)
-            if hit is not None:
-                return f"matches a guarded line {hit.group(0)[:200]!r}"
+            # Line by line with the filter as compiled for use (a second, multi-line compile
+            # of a long filter costs more than these fullmatches), within one time budget.
+            deadline = time.monotonic() + self.timeout * 20
+            for line in "\n".join(self.corpus).split("\n"):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                if compiled.fullmatch(line, timeout=left) is not None:
+                    return f"matches a guarded line {line[:200]!r}"
             for text in _adversarial(samples):
                 compiled.fullmatch(text, timeout=self.timeout)
         except TimeoutError:
