@@ -195,9 +195,7 @@ CUT_TRACEBACK = (
 )
 
 
-def test_a_traceback_cut_before_its_exception_line_escalates(
-    pack: RuleSet, tmp_path: Path
-) -> None:
+def test_a_traceback_cut_before_its_exception_line_escalates(pack: RuleSet, tmp_path: Path) -> None:
     """The excerpt (or the stream) ends inside the traceback: its frames are nobody's evidence,
     so the catch-all names them instead of calling the log healthy."""
     verdict = verdict_of(pack, tmp_path, CUT_TRACEBACK)
