@@ -310,9 +310,15 @@ FAILING: dict[str, tuple[str, str, Action]] = {
     ),
     "gloo connect": (
         "RuntimeError: [/opt/conda/third_party/gloo/gloo/transport/tcp/pair.cc:799] connect "
-        "[127.0.1.1]:28233: Connection refused",
+        "[10.1.4.22]:28233: Connection refused",
         "rendezvous_error",
         RESTART,
+    ),
+    "gloo loopback": (
+        "  what():  [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:724] connect "
+        "[127.0.1.1]:3210: Connection refused",
+        "rendezvous_error",
+        NOTIFY,
     ),
     "launcher ssh": (
         "node2: ssh: connect to host node2 port 22: Connection refused",
