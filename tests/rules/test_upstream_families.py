@@ -341,6 +341,11 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "cuda_oom",
         NOTIFY,
     ),
+    "read-only path": (
+        "OSError: [Errno 30] Read-only file system: '/media'",
+        "storage_io_error",
+        NOTIFY,
+    ),
     "shm enospc": (
         "OSError: [Errno 28] No space left on device: '/dev/shm/pym-4412-abc1'",
         "shm_exhausted",
