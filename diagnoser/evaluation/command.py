@@ -47,6 +47,14 @@ def evaluate(
             "--no-stalls scores the log text alone.",
         ),
     ] = True,
+    show_test_cases: Annotated[
+        bool,
+        typer.Option(
+            "--show-test-cases",
+            help="Also list the misses of the held-back test split one by one (by default it is "
+            "reported as aggregates only: its logs must not be read to write a rule).",
+        ),
+    ] = False,
     llm: Annotated[
         bool,
         typer.Option(
@@ -86,7 +94,7 @@ def evaluate(
     summary = summarise(run(cases, diagnoser, repeat, on_run=tally.new_run if llm else None))
     failures = gate(summary, floors)
     if as_json_output:
-        result = as_json(summary, failures)
+        result = as_json(summary, failures, show_test_cases=show_test_cases)
         if llm:
             result["llm"] = llm_json(tally)
         typer.echo(json.dumps(result, ensure_ascii=False))
@@ -94,7 +102,12 @@ def evaluate(
         console = Console(highlight=False)
         # Piped output (CI logs, bench files) gets room for the whole table, not 80 columns.
         wide = 200 if repeat == 1 else 220
-        render(summary, failures, Console(highlight=False, width=max(console.width, wide)))
+        render(
+            summary,
+            failures,
+            Console(highlight=False, width=max(console.width, wide)),
+            show_test_cases=show_test_cases,
+        )
         if llm:
             console.print(escape(llm_line(tally)))
     if failures:

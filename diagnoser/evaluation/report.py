@@ -1,4 +1,8 @@
-"""Print a `Summary`: a rich table per class and a list of misses, or one JSON object."""
+"""Print a `Summary`: a rich table per class and a list of misses, or one JSON object.
+
+The held-back `test` split is read as aggregates only (evals/README.md): its cases are never
+listed one by one unless the caller opts in (`diagnoser eval --show-test-cases`), so that
+looking at a score cannot turn into reading the test logs a rule must not be written from."""
 
 from __future__ import annotations
 
@@ -26,6 +30,15 @@ COUNTS = frozenset(
     {"false_cordons", "missed_cordons", "silent_misses", "deferrals", "wrong_answers"}
 )
 SIDES = ("dev", "test")
+HELD_BACK = "test"
+"""The split whose cases are scored but not listed by default."""
+
+
+def listed_misses(summary: Summary, show_test_cases: bool) -> tuple[CaseMiss, ...]:
+    """The misses a report may name: every one with the opt-in, else those off the test split."""
+    if show_test_cases:
+        return summary.misses
+    return tuple(miss for miss in summary.misses if miss.split != HELD_BACK)
 
 
 def _cell(name: str, value: Spread | None, runs: int) -> str:
@@ -77,7 +90,9 @@ def _side_by_side(summary: Summary) -> Table:
     return table
 
 
-def render(summary: Summary, failures: list[str], console: Console) -> None:
+def render(
+    summary: Summary, failures: list[str], console: Console, *, show_test_cases: bool = False
+) -> None:
     title = "diagnosis evaluation"
     if summary.runs > 1:
         title += escape(f" (mean ±stdev [min-max] over {summary.runs} runs)")
@@ -99,9 +114,11 @@ def render(summary: Summary, failures: list[str], console: Console) -> None:
         console.print(escape(line))
         if gap is not None:
             console.print(f"dev-test gap on action: {gap:+.2f}")
-    if summary.misses:
-        console.print(f"\n[bold]misses[/] ({len(summary.misses)})")
-        for miss in summary.misses:
+    misses = listed_misses(summary, show_test_cases)
+    hidden = len(summary.misses) - len(misses)
+    if misses:
+        console.print(f"\n[bold]misses[/] ({len(misses)})")
+        for miss in misses:
             runs = f" in {miss.runs_missed}/{miss.runs} runs" if miss.runs > 1 else ""
             kinds = ", ".join(kind.value for kind in miss.kinds)
             console.print(
@@ -111,6 +128,11 @@ def render(summary: Summary, failures: list[str], console: Console) -> None:
                 f"  got      {escape(_labels(miss.got))}\n"
                 f"  source   {escape(miss.source)}"
             )
+    if hidden:
+        console.print(
+            f"{hidden} {HELD_BACK} miss(es) not listed: the {HELD_BACK} split is read as the "
+            "aggregates above (--show-test-cases lists them)"
+        )
     if failures:
         for reason in failures:
             console.print(f"[bold red]FAIL[/] {escape(reason)}")
@@ -149,11 +171,14 @@ def _miss_json(miss: CaseMiss) -> dict[str, Any]:
     }
 
 
-def as_json(summary: Summary, failures: list[str]) -> dict[str, Any]:
+def as_json(
+    summary: Summary, failures: list[str], *, show_test_cases: bool = False
+) -> dict[str, Any]:
     """The stable `eval --json` shape: every metric as {mean, stdev, min, max} (or null).
 
-    `total`, `classes` and `misses` are over every case, as before the split; `splits` holds
-    the same `total` and `classes` per side, and `gap` dev minus test."""
+    `total` and `classes` are over every case, as before the split; `splits` holds the same
+    `total` and `classes` per side, and `gap` dev minus test. `misses` lists the cases off the
+    test split only, unless `show_test_cases`; `test_misses_hidden` counts the ones left out."""
 
     def row(part: Summary, name: str) -> dict[str, Any]:
         metrics = part.metrics[name]
@@ -165,6 +190,7 @@ def as_json(summary: Summary, failures: list[str]) -> dict[str, Any]:
             "classes": {name: row(part, name) for name in part.metrics if name != TOTAL},
         }
 
+    misses = listed_misses(summary, show_test_cases)
     gap = {
         metric: None if (value := summary.gap(metric)) is None else round(value, 4)
         for metric in ("action_accuracy", "category_accuracy", "culprit_accuracy")
@@ -174,7 +200,9 @@ def as_json(summary: Summary, failures: list[str]) -> dict[str, Any]:
         "passed": not failures,
         "failures": failures,
         **rows(summary),
-        "misses": [_miss_json(miss) for miss in summary.misses],
+        "misses": [_miss_json(miss) for miss in misses],
+        "test_cases_shown": show_test_cases,
+        "test_misses_hidden": len(summary.misses) - len(misses),
         "splits": {side: rows(part) for side, part in summary.splits.items()},
         "gap": gap,
     }

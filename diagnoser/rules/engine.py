@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING
 import regex
 
 from diagnoser.ingest.framing import LineBatch
-from diagnoser.rules.assembly import Assembler, Block, Verdict, headless_exception, open_block
+from diagnoser.rules.assembly import (
+    Assembler,
+    Block,
+    TracebackAssembler,
+    Verdict,
+    headless_exception,
+    open_block,
+)
 from diagnoser.rules.events import RuleEvent
 from diagnoser.rules.schema import EXCEPTION_TEMPLATE, Unit
 from diagnoser.rules.window import WindowState
@@ -55,6 +62,11 @@ class JobScanner:
         self._open: dict[StreamKey, dict[int | None, Assembler]] = {}
         self._windows = WindowState()
         self._rule_mask = (1 << len(ruleset.rules)) - 1
+        self._fallback_line_mask = sum(
+            1 << rule.index
+            for rule in ruleset.rules
+            if rule.spec.fallback and rule.spec.unit is Unit.LINE
+        )
         self.timeouts: dict[str, int] = {}
         """Regex runs abandoned after `RuleSet.timeout`, per rule id."""
 
@@ -90,13 +102,39 @@ class JobScanner:
         return out
 
     def flush(self, node: str, rank: int | None, now: float) -> list[RuleEvent]:
-        """End of a stream: close its open blocks (an incomplete traceback yields nothing)."""
+        """End of a stream: close its open blocks. A traceback that never reached its exception
+        line is read by the catch-all line rules instead (`_orphaned`)."""
         out: list[RuleEvent] = []
         for line_rank, assembler in self._open.pop((node, rank), {}).items():
             block = assembler.finish()
             if block is not None:
                 out.extend(self._block_events(block, node, line_rank, now))
+            else:
+                out.extend(self._orphaned(assembler, node, line_rank, now))
         return out
+
+    def _orphaned(
+        self, assembler: Assembler, node: str, rank: int | None, now: float
+    ) -> list[RuleEvent]:
+        """A traceback given up without its exception line (the stream ended, another header
+        came, other output buried it): its lines are no unit's evidence any more, so the
+        fallback line rules read them, header first, and the first that speaks is kept. A log
+        cut after `Traceback (most recent call last):` and its frames is not a healthy log."""
+        if not isinstance(assembler, TracebackAssembler) or assembler.exception is not None:
+            return []
+        for line in assembler.lines:
+            events = self._line_events(
+                self._fallback_line_mask,
+                line,
+                assembler.offset,
+                assembler.line_no,
+                node,
+                rank,
+                now,
+            )
+            if events:
+                return events
+        return []
 
     def flush_all(self, now: float) -> list[RuleEvent]:
         out: list[RuleEvent] = []
@@ -135,6 +173,8 @@ class JobScanner:
                 del blocks[rank]
                 if verdict is not Verdict.ABANDON:
                     closed = assembler.finish()
+                else:
+                    out.extend(self._orphaned(assembler, node, rank, now))
             if closed is not None and verdict is Verdict.CLOSE_WITHOUT:
                 out.extend(self._block_events(closed, node, rank, now))
                 closed = None

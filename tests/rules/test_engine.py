@@ -57,10 +57,14 @@ def test_interleaved_ranks_assemble_per_rank(pack: RuleSet) -> None:
     assert all("model.py" not in line for line in by_rank[0].evidence)
 
 
-def test_incomplete_traceback_yields_nothing_on_flush(pack: RuleSet) -> None:
+def test_incomplete_traceback_escalates_its_frames_on_flush(pack: RuleSet) -> None:
+    """The stream ends inside a traceback: no exception to classify, but its frames are no
+    longer any unit's evidence, so the catch-all reads them (never a silent end)."""
     scanner = pack.job_scanner()
     assert scanner.feed("n", None, make_batch(TRACEBACK[:4]), 0.0) == []
-    assert scanner.flush("n", None, 0.0) == []
+    (event,) = scanner.flush("n", None, 0.0)
+    assert (event.rule_id, event.action) == ("unexplained_traceback", Action.ESCALATE)
+    assert event.text == TRACEBACK[1]
 
 
 def test_traceback_frames_become_evidence_of_line_rule(pack: RuleSet) -> None:

@@ -66,6 +66,12 @@ FAILING = {
     "headless exception": "safetensors_rust.SafetensorError: Error while deserializing header",
     "frames only": '  File "/usr/lib/python3/dist-packages/deepspeed/runtime/engine.py", line '
     "2087, in step",
+    "glog check": "F0412 10:02:11.123456  4242 cuda_executor.cc:1120] Check failed: "
+    "stream->parent() == this",
+    "tf fatal": "2024-04-12 10:02:11.123456: F tensorflow/core/common_runtime/device/"
+    "device_event_mgr.cc:223] Unexpected Event status: 1",
+    "spawn signal": "torch.multiprocessing.spawn.ProcessExitedException: process 3 terminated "
+    "with signal SIGSEGV",
 }
 
 HEALTHY = {
@@ -98,6 +104,14 @@ HEALTHY = {
     "loss line": "Epoch 1: 40%|####      | 400/1000 [01:12<01:48, 5.5it/s, loss=0.231, v_num=3]",
     "keras progress": "1200/1200 [==============================] - 41s 34ms/step - loss: 0.2310",
     "cudnn info": "Using cuDNN 8.9.2, CUBLAS_WORKSPACE_CONFIG=:4096:8",
+    "glog info": "I0412 10:02:11.123456  4242 cuda_executor.cc:1120] Checking stream placement",
+    "c10d ipv6 retry": "[W socket.cpp:663] [c10d] The client socket has failed to connect to "
+    "[localhost]:29500 (errno: 97 - Address family not supported by protocol).",
+    "lustre restored": "kernel: Lustre: scratch-OST0004-osc-ffff9a3e: Connection restored to "
+    "10.1.2.14@o2ib (at 10.1.2.14@o2ib)",
+    "nvlink up": "         Link 3: 26.562 GB/s",
+    "graceful exit": "INFO:torch.distributed.elastic.agent.server.api:[default] worker group "
+    "successfully finished. Waiting 300 seconds for other agents to finish.",
 }
 
 
@@ -170,3 +184,31 @@ def test_the_escalation_names_its_lines(pack: RuleSet, tmp_path: Path) -> None:
     assert verdict.action is Action.ESCALATE
     texts = {event.text for event in verdict.evidence}
     assert {FAILING["faulthandler"], FAILING["slurm task exit"]} <= texts
+
+
+CUT_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/workspace/train.py", line 212, in <module>\n'
+    "    main()\n"
+    '  File "/usr/lib/python3/dist-packages/deepspeed/runtime/engine.py", line 2087, in step\n'
+    "    self._take_model_step(lr_kwargs)"
+)
+
+
+def test_a_traceback_cut_before_its_exception_line_escalates(pack: RuleSet, tmp_path: Path) -> None:
+    """The excerpt (or the stream) ends inside the traceback: its frames are nobody's evidence,
+    so the catch-all names them instead of calling the log healthy."""
+    verdict = verdict_of(pack, tmp_path, CUT_TRACEBACK)
+    assert (verdict.status, verdict.action) == (Status.INCONCLUSIVE, Action.ESCALATE)
+    assert verdict.failure_type == "unexplained_traceback"
+    assert verdict.root is not None
+    assert verdict.root.text.strip() in CUT_TRACEBACK
+
+
+def test_a_traceback_buried_in_other_output_escalates(pack: RuleSet, tmp_path: Path) -> None:
+    """Ranks writing over a traceback until the assembler gives up on it, then the run goes on
+    printing progress: the header and frames still show that something raised."""
+    chatter = "\n".join(f"step {i} | throughput 812 samples/s" for i in range(30))
+    verdict = verdict_of(pack, tmp_path, CUT_TRACEBACK + "\n" + chatter)
+    assert verdict.action is Action.ESCALATE
+    assert verdict.failure_type == "unexplained_traceback"

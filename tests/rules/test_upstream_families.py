@@ -234,6 +234,123 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "rendezvous_error",
         RESTART,
     ),
+    # issue 11 families, one spelling per ecosystem
+    "go enospc": (
+        "Error: failed to register layer: write /var/lib/containerd/snapshots/42/fs/lib.so: "
+        "no space left on device",
+        "disk_full",
+        NOTIFY,
+    ),
+    "lustre evicted": (
+        "kernel: LustreError: 167-0: scratch-MDT0000-mdc-ffff9a3e: This client was evicted by "
+        "scratch-MDT0000; in progress operations using this service will fail.",
+        "nfs_error",
+        RESTART,
+    ),
+    "old stale handle": (
+        "IOError: [Errno 116] Stale NFS file handle: '/nfs/run/events.out'",
+        "nfs_error",
+        RESTART,
+    ),
+    "arrow s3 denied": (
+        "OSError: When reading information for key 'ckpt/latest' in bucket 'runs': AWS Error "
+        "ACCESS_DENIED during HeadObject operation: No response body.",
+        "object_store_error",
+        NOTIFY,
+    ),
+    "minio throttled": (
+        "minio.error.S3Error: S3 operation failed; code: SlowDown, message: please reduce your "
+        "request rate",
+        "object_store_error",
+        RESTART,
+    ),
+    "glibcxx": (
+        "ImportError: /lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not "
+        "found (required by /opt/conda/lib/python3.10/site-packages/torch/lib/libtorch.so)",
+        "startup_error",
+        NOTIFY,
+    ),
+    "deepspeed cuda mismatch": (
+        "deepspeed.ops.op_builder.builder.CUDAMismatchException: >- DeepSpeed Op Builder: "
+        "Installed CUDA version 12.4 does not match the version torch was compiled with 11.8",
+        "startup_error",
+        NOTIFY,
+    ),
+    "absl flags": (
+        "FATAL Flags parsing error: Unknown command line flag 'num_steps'",
+        "startup_error",
+        NOTIFY,
+    ),
+    "mpi slots": (
+        "There are not enough slots available in the system to satisfy the 16",
+        "startup_error",
+        NOTIFY,
+    ),
+    "pip resolve": (
+        "ERROR: No matching distribution found for flash-attn==9.9",
+        "startup_error",
+        NOTIFY,
+    ),
+    "jax cudnn": (
+        "E0412 10:02:11.000000 1234 cuda_dnn.cc:535] Loaded runtime CuDNN library: 8.6.0 but "
+        "source was compiled with: 8.9.4.",
+        "startup_error",
+        NOTIFY,
+    ),
+    "hydra key": (
+        "omegaconf.errors.ConfigAttributeError: Key 'vocab_file' is not in struct",
+        "ConfigAttributeError",
+        NOTIFY,
+    ),
+    "elastic state": (
+        "torch.distributed.elastic.rendezvous.api.RendezvousStateError: The node state could "
+        "not be retrieved from the rendezvous backend.",
+        "rendezvous_error",
+        RESTART,
+    ),
+    "gloo connect": (
+        "RuntimeError: [/opt/conda/third_party/gloo/gloo/transport/tcp/pair.cc:799] connect "
+        "[10.1.4.22]:28233: Connection refused",
+        "rendezvous_error",
+        RESTART,
+    ),
+    "gloo loopback": (
+        "  what():  [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:724] connect "
+        "[127.0.1.1]:3210: Connection refused",
+        "rendezvous_error",
+        NOTIFY,
+    ),
+    "launcher ssh": (
+        "node2: ssh: connect to host node2 port 22: Connection refused",
+        "rendezvous_error",
+        NOTIFY,
+    ),
+    "fabric manager down": (
+        "RuntimeError: CUDA error: system not yet initialized",
+        "nvlink_error",
+        CORDON,
+    ),
+    "device plugin xid": (
+        "XidCriticalError: Xid=79 on Device=GPU-0b11d014; marking device as unhealthy.",
+        "gpu_fallen_off_bus",
+        CORDON,
+    ),
+    "thc oom": (
+        "RuntimeError: cuda runtime error (2) : out of memory at /pytorch/aten/src/THC/"
+        "THCCachingAllocator.cpp:510",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "read-only path": (
+        "OSError: [Errno 30] Read-only file system: '/media'",
+        "storage_io_error",
+        NOTIFY,
+    ),
+    "shm enospc": (
+        "OSError: [Errno 28] No space left on device: '/dev/shm/pym-4412-abc1'",
+        "shm_exhausted",
+        NOTIFY,
+    ),
 }
 
 HEALTHY = {
@@ -268,7 +385,29 @@ HEALTHY = {
     "image pulled": 'Normal  Pulled  pod/trainer-0  Successfully pulled image "train:v3" in 41s',
     "ray no kills": "(raylet) node_manager.cc:3277: 0 Workers (tasks / actors) killed due to "
     "memory pressure (OOM), 1 Workers crashed due to other reasons",
+    "megatron progress": " iteration      100/  500000 | lm loss: 2.41E+00 | loss scale: 65536.0 "
+    "| number of skipped iterations:   0 | number of nan iterations:   0 |",
+    "optional import": "WARNING: apex not found (ImportError: No module named 'apex'), falling "
+    "back to torch.optim",
+    "pip satisfied": "Requirement already satisfied: torch in /opt/conda/lib/python3.10 (2.4.0)",
+    "nvlink status": "GPU 0: NVIDIA H100 80GB HBM3\n         Link 0: 26.562 GB/s\n         Link 1: "
+    "Recovery Errors: 0",
+    "shm mount": "Mounted /dev/shm with size=64g",
+    "fm non-fatal": "[ERROR] [tid 2311] detected NVSwitch non-fatal error 12028 on fid 0 on "
+    "NVSwitch pci bus id 00000000:07:00.0",
 }
+
+
+def test_megatron_nan_iterations_on_several_progress_lines_are_a_nan_loss(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    lines = "\n".join(
+        f" iteration {i:>8}/  500000 | lm loss: 2.38E+00 | number of skipped iterations:   1 | "
+        "number of nan iterations:   1 |"
+        for i in (100, 110, 120)
+    )
+    verdict = verdict_of(pack, tmp_path, lines)
+    assert (verdict.failure_type, verdict.action) == ("nan_loss", NOTIFY)
 
 
 def verdict_of(pack: RuleSet, tmp_path: Path, *texts: str) -> Verdict:
