@@ -117,6 +117,42 @@ class Extractor:
         return {self.names[k]: float(v) for k, v in m.groupdict().items()}
 
 
+_LOSS_VALUE = regex.compile(
+    r"(?i)(?:\s*\([^)]{0,20}\))?['\"]?\s*[:=]?\s*['\"]?(?P<value>" + _NUMBER + r")(?![\w.])"
+)
+"""What follows a loss key in `LOSS`, matched where a literal search found the key."""
+
+
+def _key_start(before: str) -> bool:
+    """`LOSS`'s look-behind: a key starts a word and no path."""
+    return not before or not (before[-1].isalnum() or before[-1] in "_/")
+
+
+def last_loss(line: str) -> float | None:
+    """The last value `LOSS` finds in the line, at a literal search's cost where it has none:
+    each `loss` is found with `str.find`, its key's start checked as `LOSS` checks it, and only
+    the value after it is matched."""
+    lowered = line.lower()
+    if len(lowered) != len(line):  # lower-casing moved the offsets (rare letters): the regex
+        found = [float(m["value"]) for m in LOSS.finditer(line)]
+        return found[-1] if found else None
+    value = None
+    at = lowered.find("loss")
+    while at >= 0:
+        starts = [at]
+        for prefix in ("lm ", "lm_", "train ", "train_"):
+            if at >= len(prefix) and lowered.startswith(prefix, at - len(prefix)):
+                starts.insert(0, at - len(prefix))
+        if any(_key_start(lowered[max(0, s - 1) : s]) for s in starts):
+            m = _LOSS_VALUE.match(line, at + 4)
+            if m is not None:
+                value = float(m["value"])  # the last one wins, as in `observe`'s dict
+                at = lowered.find("loss", m.end())
+                continue
+        at = lowered.find("loss", at + 4)
+    return value
+
+
 def _literal(text: str) -> str:
     return "[ \\t]+".join(re.escape(p) for p in re.split(r"[ \t]+", text))
 
@@ -192,11 +228,7 @@ class Signals:
             return
         if may_step(line) and (m := STEP.search(line)) is not None:
             self.step = int(m.group(1))
-        if "loss" not in line.lower():
-            return
-        value = None
-        for m in LOSS.finditer(line):
-            value = float(m["value"])  # the last one wins, as in `observe`'s dict
+        value = last_loss(line)
         if value is not None:
             self._loss(value, line_no)
 

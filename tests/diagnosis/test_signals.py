@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import astuple
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from diagnoser.diagnosis.signals import SignalReader
 from diagnoser.ingest.framing import Framer, LineBatch
 from diagnoser.pipeline import StreamKey
 from diagnoser.rules import Action, RuleRegistry
-from diagnoser.templates.signals import Signal, SignalConfig, SignalKind, Signals
+from diagnoser.templates.signals import LOSS, Signal, SignalConfig, SignalKind, Signals, last_loss
 from tests.diagnosis.training_logs import iteration_line, training_log
 from tests.servers import run_diagnoser
 
@@ -211,3 +212,19 @@ def test_the_loss_reader_raises_what_the_full_reader_raises() -> None:
     )
     assert full_found == loss_found
     assert {s.kind for s in found[0]} == diagnosed
+
+
+def test_the_literal_loss_search_finds_what_the_loss_regex_finds() -> None:
+    """`last_loss` (a literal search, then the value) against `LOSS` itself, on lines built
+    from the spellings a key may take and the neighbours it may have."""
+    pieces = [
+        "loss", "LOSS", "Loss", "lm loss", "lm_loss", "xlm loss", "train_loss", "val_loss",
+        "/loss", "(loss)", " (avg)", "loss scale", ": ", "=", "'", "2.5", "nan", "-inf", "1e-3",
+        "3.", " ", " | ", "lossy", "İ", "step 3",
+    ]  # fmt: skip
+    rng = random.Random(5)
+    for _ in range(5000):
+        line = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 9)))
+        found = [float(m["value"]) for m in LOSS.finditer(line)]
+        expected = found[-1] if found else None
+        assert str(last_loss(line)) == str(expected), line
