@@ -85,6 +85,9 @@ class WriteOutcome:
 
 AfterCommit = Callable[[StreamKey], Awaitable[list[str]]]
 """Called after each commit, with the lines it made durable already handed to the pipeline."""
+Urgent = Callable[[StreamKey], bool]
+"""After a chunk was handed on: whether its lines should be committed now (they carry news
+for the diagnosis), not at the next timed commit."""
 
 
 @dataclass
@@ -290,6 +293,7 @@ class StreamWriter:
     settings: IngestSettings
     locks: StreamLocks
     after_commit: AfterCommit | None = None
+    urgent: Urgent | None = None
     known: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
     """Stream ids already created: a later request reads its offset in one statement."""
     totals: WriteTotals = field(default_factory=WriteTotals)
@@ -380,7 +384,10 @@ class StreamWriter:
                         if not chunk:
                             continue
                         self._hand_on(key, framer.feed(chunk), commits, times, body_start)
-                        if framer.offset - commits.committed >= self.settings.commit_every_bytes:
+                        if (
+                            framer.offset - commits.committed >= self.settings.commit_every_bytes
+                            or (self.urgent is not None and self.urgent(key))
+                        ):
                             await commits.commit()
                         timer.arm()
                     await timer.stop()
