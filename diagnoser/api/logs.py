@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -9,6 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from sqlalchemy import select
+from starlette.requests import ClientDisconnect
 
 from diagnoser.api.deps import JobId, Resources, ResourcesDep
 from diagnoser.api.errors import RETRY_AFTER, ApiError, OffsetGapBody, TimeoutBody, responses
@@ -41,6 +43,11 @@ from diagnoser.ingest.writer import (
 )
 from diagnoser.pipeline import StreamKey
 from diagnoser.store.models import LogStreamRow
+
+log = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499
+"""A client that closed its upload mid-body, as proxies log it: not a server error (5xx)."""
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", tags=["ingest"])
 NodeQuery = Annotated[str, Query(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)]
@@ -247,6 +254,13 @@ async def post_logs(
                 raise ApiError(403, "forbidden", str(principal.binding.node_problem(named)))
             outcome = await _write_records(resources, key, records, offset, metadata)
             empty = not records
+    except ClientDisconnect:
+        # A shipper killed or timed out on its side: every whole line that arrived is
+        # committed (the writer saw to it), and the client resumes from the committed offset.
+        log.info("job %r stream %r: the client closed the upload mid-body", job_id, node)
+        raise ApiError(
+            CLIENT_CLOSED, "client_closed_request", "the client closed the request mid-body"
+        ) from None
     finally:
         resources.admission.leave()
     if empty:

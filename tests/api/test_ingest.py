@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import re
+import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -228,6 +229,40 @@ def test_an_idle_upload_is_closed_and_keeps_what_arrived(service: ServiceProcess
     assert response.status_code == 408
     assert response.json()["next_offset"] == len(b"before the stall\n")
     assert stream_status(service, "idle", "n1")["lines"] == 1
+
+
+def requests_counted(service: ServiceProcess, status: str) -> float:
+    wanted = f'route="/v1/jobs/{{job_id}}/logs",status="{status}"'
+    text = httpx.get(f"{service.base_url}/metrics").text
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if wanted in x)
+
+
+def test_a_client_that_closes_mid_upload_keeps_its_lines_and_is_no_server_error(
+    service: ServiceProcess,
+) -> None:
+    """A shipper killed mid-body: its whole lines are committed, and the request counts as 499
+    (client closed), not as the 5xx the service's alert pages on."""
+    before = requests_counted(service, "499"), requests_counted(service, "500")
+    body = b"step 1 ok\nstep 2 ok\nhalf a li"
+    with socket.create_connection(("127.0.0.1", service.port), timeout=10) as raw:
+        raw.sendall(
+            b"POST /v1/jobs/gone/logs?node=n1&offset=0 HTTP/1.1\r\nHost: test\r\n"
+            b"Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + f"{len(body):x}\r\n".encode()
+            + body
+            + b"\r\n"
+        )
+        deadline = time.monotonic() + 60
+        while stream_status(service, "gone", "n1").get("lines") != 2:
+            assert time.monotonic() < deadline, "the first lines were never committed"
+            time.sleep(0.05)
+    deadline = time.monotonic() + 60
+    while requests_counted(service, "499") == before[0]:
+        assert time.monotonic() < deadline, "the closed request was never counted"
+        time.sleep(0.05)
+    assert requests_counted(service, "500") == before[1]
+    status = stream_status(service, "gone", "n1")
+    assert (status["lines"], status["committed_offset"]) == (2, len(b"step 1 ok\nstep 2 ok\n"))
 
 
 def test_a_busy_stream_answers_429_with_retry_after(quiet_service: ServiceProcess) -> None:
