@@ -43,10 +43,10 @@ class CompressorConfig:
     min_count: int = 8
     """Lines a template must have taken before it may become a filter..."""
     min_count_numeric: int = 3
-    """...or this many when every slot it has is a number (`<int>`, `<float>`, `<duration>`):
-    its lines then differ in values alone, every word of text the same in each, and the
-    filter's typed slots keep checking the values (a NaN loss is no float). An evaluation
-    line printed every few hundred steps is filtered from its third print, not its eighth."""
+    """...or this many (at most `min_count`) when every slot is a number (`<int>`, `<float>`,
+    `<duration>`): its lines then differ in values alone, every word of text the same in each,
+    and the filter's typed slots keep checking the values (a NaN loss is no float). An
+    evaluation line printed every few hundred steps is kept three times, not eight."""
     chunk_lines: int = 4096
     """Batches are compressed in chunks of this many lines, so a filter learned early in a big
     batch applies to the rest of it..."""
