@@ -24,7 +24,7 @@ from diagnoser.rules.ruleset import RuleSet
 from diagnoser.templates.filters import Filter, FilterSet, Proposer, Rejection, candidates
 from diagnoser.templates.guard import Guard, GuardReason, GuardState
 from diagnoser.templates.miner import MinerConfig, TemplateMiner
-from diagnoser.templates.model import TemplateView
+from diagnoser.templates.model import Slot, TemplateView
 from diagnoser.templates.signals import PROGRESS_WORDS, Extractor, SignalConfig, Signals
 from diagnoser.templates.validation import Validator, compile_filter
 
@@ -35,10 +35,18 @@ _RANK = regex.compile(
 _NODE = regex.compile(r"^([A-Za-z][\w.-]{0,62}):\d+:\d+ \[\d+\]|\b(?:host|node)[=: ]([\w.-]{1,63})")
 
 
+_NUMBERS = frozenset((Slot.INT, Slot.FLOAT, Slot.DURATION))
+
+
 @dataclass(frozen=True, slots=True)
 class CompressorConfig:
     min_count: int = 8
-    """Lines a template must have taken before it may become a filter."""
+    """Lines a template must have taken before it may become a filter..."""
+    min_count_numeric: int = 3
+    """...or this many (at most `min_count`) when every slot is a number (`<int>`, `<float>`,
+    `<duration>`): its lines then differ in values alone, every word of text the same in each,
+    and the filter's typed slots keep checking the values (a NaN loss is no float). An
+    evaluation line printed every few hundred steps is kept three times, not eight."""
     chunk_lines: int = 4096
     """Batches are compressed in chunks of this many lines, so a filter learned early in a big
     batch applies to the rest of it..."""
@@ -296,10 +304,27 @@ class Compressor:
         extractor = self._extractors[f.template_id]
         return extractor if extractor is not None else False
 
+    def threshold(self, view: TemplateView) -> int:
+        """Lines a template needs before it may become a filter (`min_count`, or
+        `min_count_numeric` when every slot is a number)."""
+        if set(view.slots) <= _NUMBERS:
+            return min(self.config.min_count, self.config.min_count_numeric)
+        return self.config.min_count
+
     def _consider(self, template_id: int, line_no: int) -> None:
         """Propose a filter for a template once it is seen often enough (retried at 2x, 4x)."""
         seen = self._seen[template_id] = self._seen[template_id] + 1
-        if seen < self._next_try.get(template_id, self.config.min_count):
+        limit = self._next_try.get(template_id)
+        if limit is None:
+            config = self.config
+            if seen < min(config.min_count, config.min_count_numeric):
+                return
+            if seen < config.min_count:
+                view = self.miner.get(template_id)
+                if view is None or seen < self.threshold(view):
+                    self._next_try[template_id] = config.min_count
+                    return
+        elif seen < limit:
             return
         self._next_try[template_id] = seen * 2
         if template_id in self.tainted:

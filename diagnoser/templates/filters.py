@@ -25,7 +25,7 @@ import regex
 from diagnoser.rules import hyperscan_db
 from diagnoser.templates.matcher import Matcher, RegexMatcher, build_matcher
 from diagnoser.templates.model import Slot, TemplateView
-from diagnoser.templates.validation import Validator, digit_blind
+from diagnoser.templates.validation import Validator, digit_blind, hex_blind
 
 SLOT_PATTERNS: dict[Slot, str] = {
     Slot.INT: r"[-+]?[0-9]+",
@@ -160,6 +160,22 @@ def candidates(template: TemplateView) -> list[str]:
 _SKELETON = bytes.maketrans(b"123456789", b"000000000")
 MAX_SKELETONS = 200_000
 """Skeleton cache entries; a full cache is dropped and refilled."""
+_RUN = b"\xff"
+"""What a hex run becomes in a memo key: a byte UTF-8 never holds, so no line spells it."""
+_HEX_RUN = re.compile(rb"0x(?<![A-Za-z0-9]0x)[0a-fA-F]+(?![A-Za-z0-9])")
+"""A hex run in a skeleton (digits are `0` there): `0x` or `5x` then hex digits, with no letter
+or digit on either side. Written to start with its literal `0x`, which `re` searches fast."""
+_ABSORBING = tuple(SLOT_PATTERNS[s] for s in (Slot.HEX, Slot.ANY, Slot.PATH, Slot.DURATION))
+"""The slots that take any hex run whole (see `validation.hex_blind`)."""
+
+
+def _hex_keys(keys: list[bytes]) -> list[bytes] | None:
+    """The keys with every hex run written as `_RUN`; None when none has one."""
+    joined = b"\n".join(keys)
+    if b"0x" not in joined:
+        return None
+    hexed = _HEX_RUN.sub(_RUN, joined)
+    return None if len(hexed) == len(joined) else hexed.split(b"\n")
 
 
 @dataclass
@@ -177,7 +193,10 @@ class FilterSet:
     into `0`, one `bytes.translate` per batch) maps to the filter its first line matched. For a
     digit-blind filter (`digit_blind`: every deterministic one whose literal text has no digit)
     every line with that skeleton matches it too; "no filter" is remembered only while every
-    enabled filter is digit-blind. Any change to the set empties the memo.
+    enabled filter is digit-blind. A line the skeleton misses is looked up once more with each
+    hex run (`0x7f3a...` standing alone) written as one byte, so lines that differ only in a
+    pointer or id share a key; that key serves only `hex_blind` filters ("no filter": only
+    while every enabled one is). Any change to the set empties the memo.
     """
 
     engine: str = "auto"
@@ -196,6 +215,8 @@ class FilterSet:
     _memo: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
     _blind: dict[int, bool] = field(default_factory=dict, init=False, repr=False)
     _blind_flags: list[bool] = field(default_factory=list, init=False, repr=False)
+    _hex_blind: dict[int, bool] = field(default_factory=dict, init=False, repr=False)
+    _hex_flags: list[bool] = field(default_factory=list, init=False, repr=False)
 
     MAX_RECORDS = 1000
     """Rejections and disable events kept (the oldest go first)."""
@@ -287,16 +308,33 @@ class FilterSet:
                 known = [None if x == -1 else x for x in known]
             return known, active
         missed = [i for i, x in enumerate(known) if x is None]
-        found = self._match([lines[i] for i in missed], active)
+        hexed = _hex_keys([keys[i] for i in missed])
+        if hexed is not None:
+            again = list(map(memo.get, hexed))
+            still = [k for k, x in enumerate(again) if x is None]
+            for k, x in enumerate(again):
+                if x is not None:
+                    known[missed[k]] = x
+            missed = [missed[k] for k in still]
+            hexed = [hexed[k] for k in still]
+        found = self._match([lines[i] for i in missed], active) if missed else []
         if len(memo) > MAX_SKELETONS:
             memo.clear()
         blind = self._blind_flags
         if len(blind) != len(active):
             blind = self._blind_flags = [self._is_blind(f) for f in active]
+            pairs = zip(active, blind, strict=True)
+            self._hex_flags = [b and self._is_hex_blind(f) for f, b in pairs]
+        hex_ok = self._hex_flags
         all_blind = all(b for f, b in zip(active, blind, strict=True) if f.enabled)
+        all_hex = all(b for f, b in zip(active, hex_ok, strict=True) if f.enabled)
         result = [None if x == -1 else x for x in known] if -1 in known else known
-        for i, x in zip(missed, found, strict=True):
+        for k, (i, x) in enumerate(zip(missed, found, strict=True)):
             result[i] = x
+            # A hex run is a fresh pointer each time: only the key with it blanked repeats.
+            if hexed is not None and _RUN in hexed[k] and (all_hex if x is None else hex_ok[x]):
+                memo[hexed[k]] = -1 if x is None else x
+                continue
             if x is None:
                 if all_blind:
                     memo[keys[i]] = -1
@@ -308,6 +346,12 @@ class FilterSet:
         blind = self._blind.get(f.id)
         if blind is None:
             blind = self._blind[f.id] = digit_blind(f.pattern)
+        return blind
+
+    def _is_hex_blind(self, f: Filter) -> bool:
+        blind = self._hex_blind.get(f.id)
+        if blind is None:
+            blind = self._hex_blind[f.id] = hex_blind(f.pattern, _ABSORBING)
         return blind
 
     def _match(self, lines: Sequence[str], active: list[Filter]) -> list[int | None]:

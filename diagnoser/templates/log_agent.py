@@ -376,12 +376,12 @@ def vote(
 
 
 def pending(compressor: Compressor) -> list[TemplateView]:
-    """Templates stable enough to filter (seen `min_count` times, no guarded line, no failure
-    word in text or samples) that no enabled or disabled filter covers yet."""
+    """Templates stable enough to filter (seen `Compressor.threshold` times, no guarded line, no
+    failure word in text or samples) that no enabled or disabled filter covers yet."""
     covered = compressor.filters.by_template()
     out: list[TemplateView] = []
     for view in compressor.templates():
-        if view.count < compressor.config.min_count:
+        if view.count < compressor.threshold(view):
             continue
         if view.id in covered or view.id in compressor.tainted:
             continue

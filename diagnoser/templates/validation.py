@@ -5,8 +5,8 @@ no back-reference, no capturing group, nothing that can match a newline); not ov
 least `MIN_LITERAL` non-blank literal characters in every match, no match on a few generic
 lines); fullmatches every sample of its template; matches no line of the guard corpus (the rule
 pack's `examples.match` lines and the failure lines seen so far); finishes within `timeout`
-seconds on each adversarial input (`regex` timeout). `digit_blind` says whether the skeleton
-memo of `FilterSet` may serve a filter.
+seconds on each adversarial input (`regex` timeout). `digit_blind` and `hex_blind` say whether
+the skeleton memo of `FilterSet` may serve a filter.
 """
 
 from __future__ import annotations
@@ -166,6 +166,147 @@ def _blind(items: Any) -> bool:
         elif op is not sre.AT:
             return False
     return True
+
+
+_ALNUM = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_HEXISH = frozenset(b"abcdefABCDEFxX")
+_X = frozenset(b"xX")
+_SEP, _CHAR, _SLOT, _SKIP = range(4)
+_REPEATS = (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT)
+
+
+def hex_blind(pattern: str, absorbing: Iterable[str]) -> bool:
+    """Whether swapping a hex run of a line for another never changes the match.
+
+    A hex run is a digit, `x` and hex digits (`0x7f3a`), with no letter or digit on either side;
+    the memo writes every run the same, so that NCCL's `comm 0x...` lines, a fresh pointer on
+    each, share a key. Sound when the pattern is `digit_blind` and its top-level sequence is
+    literals, blank runs, dot leaders and slots, where a slot is one of the `absorbing` class
+    sequences (each takes any run whole and keeps matching when the run changes: `<hex>`,
+    `<*>`, `<path>`, `<duration>`) or a stretch of parts none of which takes an `x` (so it
+    never holds a whole run); no two slots touch (blank runs that may be empty do not part
+    them); and no word of literal letters next to a slot (literals with nothing between) is
+    made of hex letters and `x` alone (`add`, `face`). Then each run of a matched line lies
+    inside one absorbing slot: literals alone cannot spell it (it holds a digit), and a slot
+    holding only part of it would touch a slot, or a literal word inside the run, which is
+    made of hex letters.
+    """
+    if not digit_blind(pattern):
+        return False
+    try:
+        items = list(sre_parse.parse(pattern))
+        forms = sorted({_dump(sre_parse.parse(p).data) for p in absorbing}, key=len, reverse=True)
+    except (re.error, OverflowError, RecursionError):
+        return False
+    kinds: list[int] = []
+    chars: list[int] = []
+    narrow = False
+    """Whether the last slot is a stretch of x-free parts (the next x-free part joins it)."""
+    i = 0
+    while i < len(items):
+        form = next((f for f in forms if _dump(items[i : i + len(f)]) == f), None)
+        if form is not None:
+            kinds.append(_SLOT)
+            chars.append(0)
+            narrow = False
+            i += len(form)
+            continue
+        op, av = items[i]
+        i += 1
+        kind, char = _part(op, av)
+        if kind is None:
+            if not _takes_no_x([(op, av)]):
+                return False
+            if narrow:
+                while kinds[-1] == _SKIP:  # blanks inside an x-free stretch stay inside it
+                    kinds.pop()
+                    chars.pop()
+                continue
+            kind, narrow = _SLOT, True
+        elif kind != _SKIP:
+            narrow = False
+        kinds.append(kind)
+        chars.append(char)
+    for i, kind in enumerate(kinds):
+        if kind != _SLOT:
+            continue
+        for step in (-1, 1):
+            j = i + step
+            while 0 <= j < len(kinds) and kinds[j] == _SKIP:
+                j += step
+            if not 0 <= j < len(kinds) or kinds[j] == _SEP:
+                continue
+            if kinds[j] == _SLOT:
+                return False
+            word = []
+            while 0 <= j < len(kinds) and kinds[j] == _CHAR:
+                word.append(chars[j])
+                j += step
+            if all(c in _HEXISH for c in word):
+                return False
+    return True
+
+
+def _part(op: Any, av: Any) -> tuple[int | None, int]:
+    """(kind, literal byte) of one top-level part that is not a slot; kind None otherwise.
+
+    Literal letters and digits are `_CHAR`; other literals, blank runs of at least one and dot
+    leaders are `_SEP`; anchors and blank runs that may be empty are `_SKIP`.
+    """
+    if op is sre.LITERAL:
+        return (_CHAR if av in _ALNUM else _SEP), av
+    if op is sre.AT:
+        return _SKIP, 0  # empty: `\b` between two slots does not part them
+    if op in _REPEATS and _blank_or_dot(av[2]):
+        return (_SEP if av[0] >= 1 else _SKIP), 0
+    return None, 0
+
+
+def _blank_or_dot(body: Any) -> bool:
+    items = list(body)
+    if len(items) != 1:
+        return False
+    op, av = items[0]
+    if op is sre.LITERAL:
+        return bool(av == 46)
+    return op is sre.IN and all(iop is sre.LITERAL and iav in _BLANKS for iop, iav in av)
+
+
+def _takes_no_x(items: Any) -> bool:
+    """Whether nothing in the items can match `x` or `X`."""
+    for op, av in items:
+        if op is sre.LITERAL:
+            if av in _X:
+                return False
+        elif op is sre.IN:
+            for iop, iav in av:
+                if iop is sre.NEGATE or iop is sre.CATEGORY:
+                    return False
+                if iop is sre.LITERAL and iav in _X:
+                    return False
+                if iop is sre.RANGE and any(iav[0] <= c <= iav[1] for c in _X):
+                    return False
+        elif op is sre.SUBPATTERN:
+            if av[1] or not _takes_no_x(av[3]):
+                return False
+        elif op in _REPEATS:
+            if not _takes_no_x(av[2]):
+                return False
+        elif op is sre.BRANCH:
+            if not all(_takes_no_x(alt) for alt in av[1]):
+                return False
+        elif op is not sre.AT:
+            return False
+    return True
+
+
+def _dump(value: Any) -> Any:
+    """A parsed pattern as nested tuples, comparable with `==`."""
+    if isinstance(value, sre_parse.SubPattern):
+        return _dump(value.data)
+    if isinstance(value, (list, tuple)):
+        return tuple(_dump(v) for v in value)
+    return value
 
 
 def _adversarial(samples: Sequence[str]) -> list[str]:

@@ -20,7 +20,7 @@ from tests.templates.corpus import RULES_DIR
 
 FAILURE = "RuntimeError: CUDA error: an illegal memory access was encountered"
 BOUNDS = StoredBounds(first_n=5, last_n=5, guarded_cap=3, novel_cap=0)
-KEEP_ALL = CompressorConfig(min_count=10**9)
+KEEP_ALL = CompressorConfig(min_count=10**9, min_count_numeric=10**9)
 """No filter is ever learned: every line is kept, so the bound alone decides what stays."""
 
 

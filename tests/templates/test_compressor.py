@@ -198,7 +198,8 @@ def test_a_widened_template_gets_a_filter_for_its_new_form() -> None:
 
 
 def test_job_filters_apply_to_their_job_only_and_the_guard_still_wins() -> None:
-    compressor = Compressor(pack())
+    # The family itself learns no filter from five lines.
+    compressor = Compressor(pack(), CompressorConfig(min_count_numeric=8))
     lines = [f"heartbeat from agent {i} at tick {i * 7}" for i in range(5)]
     own = compressor.job()
     other = compressor.job()
@@ -248,3 +249,19 @@ def test_promotion_can_be_left_to_the_caller() -> None:
     found, _ = validate_promotion(work, snapshot)
     assert compressor.finish_promotion(found, snapshot) == len(found) > 250
     assert compressor.promotion()[0] == [], "each template is tried once"
+
+
+def test_a_template_of_numbers_alone_is_filtered_from_its_fourth_line() -> None:
+    """An evaluation line printed every few hundred steps (values alone vary) becomes a filter
+    after three prints; one whose varying part is a word (`<*>`) still waits for eight, and a
+    NaN in a number's place is kept whatever the filter says."""
+    compressor = Compressor(pack())
+    evals = [f"eval at step {s} | val loss {2.5 - s / 1e4:.4f} | ppl {9.1 - s / 1e3:.2f}"
+             for s in range(100, 1300, 100)]  # fmt: skip
+    workers = [f"worker {name} joined the ring" for name in "abcdefghijkl"]
+    nan = "eval at step 1300 | val loss nan | ppl nan"
+    lines = [line for pair in zip(evals, workers, strict=True) for line in pair] + [nan]
+    log = run(compressor.job(), lines, batch=1)
+    kept = [k.text for k in log.kept]
+    assert [line for line in kept if line.startswith("eval")] == [*evals[:3], nan]
+    assert sum(line.startswith("worker") for line in kept) >= 8

@@ -11,11 +11,18 @@ from megatron_log import megatron_lines
 
 from diagnoser.rules import hyperscan_db
 from diagnoser.templates.compressor import Compressor, CompressorConfig
-from diagnoser.templates.filters import Filter, FilterSet, Proposer, candidates, propose
+from diagnoser.templates.filters import (
+    SLOT_PATTERNS,
+    Filter,
+    FilterSet,
+    Proposer,
+    candidates,
+    propose,
+)
 from diagnoser.templates.matcher import HyperscanMatcher, LiteralChecker, RegexMatcher
 from diagnoser.templates.miner import TemplateMiner
 from diagnoser.templates.model import Slot, TemplateView
-from diagnoser.templates.validation import Validator, digit_blind
+from diagnoser.templates.validation import Validator, digit_blind, hex_blind
 from tests.templates.corpus import loghub_datasets, pack, read_lines
 
 MEGATRON = TemplateView(
@@ -251,15 +258,62 @@ def test_skeleton_memo_is_exact_for_filters_with_digits_in_their_text() -> None:
     assert not digit_blind(filters.filters[0].pattern)
 
 
+def test_skeleton_memo_serves_hex_runs_only_to_filters_blind_to_them() -> None:
+    """NCCL lines carry a fresh `comm 0x...` each: the memo looks them up with the run
+    blanked, but only for a filter that takes any run in its place; `<int>x<int>` takes
+    `0x12` and not `0xab`, which share that key."""
+    filters = FilterSet()
+    validator = Validator()
+    assert filters.propose(_view("size <int>x<int> ok", ("size 1024x768 ok",)), validator)
+    assert filters.propose(_view("comm <hex> nRanks <int>", ("comm 0x1f nRanks 8",), 2), validator)
+    lines = ["size 0x12 ok", "size 0xab ok", "comm 0x1f nRanks 8", "comm 0xdeadbeef nRanks 8"]
+    for _ in range(3):
+        hits = filters.match(lines)
+        assert [f.template_id if f else None for f in hits] == [1, None, 2, 2]
+        lines = [*lines[:2], "comm 0x7f3a00 nRanks 16", "comm 0xface nRanks 8"]
+    assert not hex_blind(filters.filters[0].pattern, _ABSORBING)
+    assert hex_blind(filters.filters[1].pattern, _ABSORBING)
+
+
+_ABSORBING = [SLOT_PATTERNS[s] for s in (Slot.HEX, Slot.ANY, Slot.PATH, Slot.DURATION)]
+
+
+@pytest.mark.parametrize(
+    ("template", "blind"),
+    [
+        ("comm <hex> nRanks <int>", True),
+        ("rank<int> at <*> took <duration>", True),
+        ("face <hex>", True),  # a word of hex letters alone, apart from the slot
+        ("dead<*>", False),  # `dead` may be the tail of a run the slot starts
+        ("<*><hex>", False),  # two slots may split one run
+        ("<int>x<int>", False),
+        ("P2P via <hex>", False),  # a digit in the text: not even digit-blind
+    ],
+)
+def test_hex_blindness_of_proposed_filters(template: str, blind: bool) -> None:
+    assert all(hex_blind(p, _ABSORBING) is blind for p in candidates(_view(template, ())))
+
+
+_RUN = regex.compile(r"(?<![A-Za-z0-9])([0-9])x([0-9a-fA-F]+)(?![A-Za-z0-9])")
+
+
+def _rehex(line: str) -> str:
+    """Every hex run swapped for another of a different length and letters."""
+    return _RUN.sub(lambda m: f"{m.group(1)}xa{m.group(2)[::-1]}0", line)
+
+
 def test_filter_set_with_memo_agrees_with_each_pattern_alone() -> None:
     patterns, every = _mined_filters()
     lines = every[::4]
+    lines += [line for line in every if "0x" in line]
     shifted = [line.translate(str.maketrans("0123456789", "1234567890")) for line in lines]
+    rehexed = [_rehex(line) for line in lines]
+    assert sum(a != b for a, b in zip(lines, rehexed, strict=True)) > 100
     filters = FilterSet()
     filters.filters = [Filter(i + 1, i, "", p) for i, p in enumerate(patterns)]
     alone = [regex.compile(p) for p in patterns]
     for _ in range(2):
-        for chunk in (lines, shifted):
+        for chunk in (lines, shifted, rehexed):
             for line, f in zip(chunk, filters.match(chunk), strict=True):
                 if f is None:
                     assert not any(p.fullmatch(line) for p in alone), line

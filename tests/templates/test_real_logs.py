@@ -90,3 +90,19 @@ def test_a_config_dump_is_filtered_after_a_few_lines(ruleset: RuleSet) -> None:
     dump = [n for n, line in enumerate(lines, 1) if re.search(r" \.{4,} ", line)]
     assert len(dump) == 55
     assert sum(n in kept for n in dump) <= 16
+
+
+def test_an_argument_dump_naming_nccl_is_filtered(ruleset: RuleSet) -> None:
+    """Megatron's argument dump holds `distributed_backend .... nccl`: the bus-error rule's
+    anchor was ` nccl`, so the guard kept that line, the dump's filter was disabled on the spot
+    and the remaining ~600 settings were kept. The anchor is an NCCL function name now."""
+    path = REAL_LOGS / "megatron-rl-refit-gloo.log"
+    lines = _lines(path)
+    compressor = Compressor(ruleset)
+    log = _compress(compressor, path)
+    kept = {k.line_no for k in log.kept}
+    dump = [n for n, line in enumerate(lines, 1) if re.search(r" \.{4,} ", line)]
+    assert any(lines[n - 1].split()[0] == "distributed_backend" for n in dump)
+    assert len(dump) > 500
+    assert sum(n in kept for n in dump) < 50
+    assert compressor.filters.disabled == []
