@@ -195,16 +195,17 @@ def hex_blind(pattern: str, absorbing: Iterable[str]) -> bool:
         return False
     try:
         items = list(sre_parse.parse(pattern))
-        forms = sorted({_dump(sre_parse.parse(p).data) for p in absorbing}, key=len, reverse=True)
+        forms = _slot_forms(tuple(absorbing))
     except (re.error, OverflowError, RecursionError):
         return False
+    dumped = [_dump(item) for item in items]  # once per part, not once per slot form tried
     kinds: list[int] = []
     chars: list[int] = []
     narrow = False
     """Whether the last slot is a stretch of x-free parts (the next x-free part joins it)."""
     i = 0
     while i < len(items):
-        form = next((f for f in forms if _dump(items[i : i + len(f)]) == f), None)
+        form = next((f for f in forms if tuple(dumped[i : i + len(f)]) == f), None)
         if form is not None:
             kinds.append(_SLOT)
             chars.append(0)
@@ -245,6 +246,12 @@ def hex_blind(pattern: str, absorbing: Iterable[str]) -> bool:
             if all(c in _HEXISH for c in word):
                 return False
     return True
+
+
+@lru_cache(maxsize=16)
+def _slot_forms(absorbing: tuple[str, ...]) -> list[tuple[Any, ...]]:
+    """The absorbing slots' parsed forms, longest first."""
+    return sorted({_dump(sre_parse.parse(p).data) for p in absorbing}, key=len, reverse=True)
 
 
 def _part(op: Any, av: Any) -> tuple[int | None, int]:
