@@ -11,6 +11,26 @@ from diagnoser.store.database import parse_database_url
 from diagnoser.store.migrate import upgrade
 from tests.servers import PostgresServer, RedisServer, ServiceProcess
 
+LONGEST_FIRST = (
+    "tests/diagnosis/test_offline_llm.py",
+    "tests/llm/test_local_model.py",
+    "tests/templates/test_log_agent.py",
+    "tests/templates/test_filters.py",
+    "tests/templates/test_guard.py",
+    "tests/api/test_ship_restart.py",
+    "tests/examples/test_cluster_demo.py",
+)
+"""The files that keep a worker longest (CI's `--durations`), started first."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`--dist loadfile` hands out files in collection order. Alphabetically, the CPU-heavy
+    template and real-model files came last, and the run ended with one or two workers
+    finishing them while the others idled; started first, they overlap the many short files.
+    A stable sort: every other file keeps its place, so every worker collects the same order."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
