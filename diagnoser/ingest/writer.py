@@ -77,6 +77,10 @@ class WriteOutcome:
     duplicate_bytes: int = 0
     truncated_lines: int = 0
     next_offset: int = 0
+    stream_lines: int = 0
+    """Lines the stream holds up to `next_offset`: the stream's own count, which a client that
+    lost the receipt of an earlier, cut upload (committed late, or by another replica) can
+    trust where a sum of its receipts falls short."""
     received_bytes: int = 0
     """Body bytes that arrived, duplicates included: 0 means the client sent nothing."""
     diagnoses: list[str] = field(default_factory=list)
@@ -217,6 +221,7 @@ class _Commits:
             if not won:
                 raise StreamBusyError("the stream's offset moved under this request")
             self.outcome.lines_accepted += lines
+            self.outcome.stream_lines += lines
             self.outcome.truncated_lines += truncated
             self.totals.committed_bytes += offset - self.committed
             self.totals.commits += 1
@@ -361,7 +366,7 @@ class StreamWriter:
             stream_id, committed, lines = position
             if offset is not None and offset > committed:
                 raise OffsetGapError(committed)
-            outcome = WriteOutcome(next_offset=committed)
+            outcome = WriteOutcome(next_offset=committed, stream_lines=lines)
             framer = Framer(committed, lines + 1, max_line_bytes=self.settings.max_line_bytes)
             commits = _Commits(
                 self.group, key, stream_id, framer, outcome, self.totals, self.after_commit

@@ -103,6 +103,12 @@ def test_a_resend_of_overlapping_bytes_is_deduplicated(service: ServiceProcess) 
     third = post(service, "resend", lines, node="n1", offset=0)
     assert third.json()["lines_accepted"] == 0
     assert third.json()["duplicate_bytes"] == len(lines)
+    # The stream's own count, which a client that lost receipts can trust over their sum.
+    assert [r.json()["stream_lines"] for r in (first, again, third)] == [
+        lines[:committed].count(b"\n"),
+        100,
+        100,
+    ]
 
 
 def test_a_gap_is_refused_with_the_expected_offset(service: ServiceProcess) -> None:
