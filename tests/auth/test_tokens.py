@@ -83,7 +83,9 @@ def admin(data_dir: Path) -> Token:
 
 @pytest.fixture
 def service(data_dir: Path, admin: Token) -> Iterator[ServiceProcess]:
-    process = ServiceProcess(env={"DIAGNOSER_DATA_DIR": str(data_dir)})
+    # A 2 s token cache (30 s by default): a token revoked elsewhere is refused within it.
+    env = {"DIAGNOSER_DATA_DIR": str(data_dir), "DIAGNOSER_AUTH__TOKEN_CACHE_S": "2"}
+    process = ServiceProcess(env=env)
     process.start()
     yield process
     process.stop()
