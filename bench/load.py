@@ -122,6 +122,8 @@ class Replica:
     base_url: str
     process: subprocess.Popen[bytes]
     log: Path
+    database: str = ""
+    """The PostgreSQL URL, or the embedded data directory."""
     cpu_start: float = 0.0
     rss_peak: int = 0
     rss_samples: list[tuple[float, int]] = field(default_factory=list)
@@ -224,7 +226,9 @@ def services(
                         command,
                         env=env, stdout=out, stderr=subprocess.STDOUT,
                     )  # fmt: skip
-                replicas.append(Replica(f"http://127.0.0.1:{port}", process, log))
+                replicas.append(
+                    Replica(f"http://127.0.0.1:{port}", process, log, database_url or data)
+                )
             for replica in replicas:
                 wait_for_health(replica.process, replica.base_url, replica.log, timeout_s=90)
             yield replicas, token
@@ -568,6 +572,8 @@ class Result:
     driver_cpu: float = 0.0
     machine_cpu: float = 0.0
     wall: float = 0.0
+    database_growth: int = 0
+    """Bytes the database grew by over the run (SQLite: its files; PostgreSQL: its size)."""
 
 
 async def create_tokens(
@@ -842,6 +848,7 @@ async def run_mode(
     fault = storm_nodes[min(args.fault_node, len(storm_nodes) - 1)]
     result.fault_node = fault.name
     counters = Counters()
+    database_start = database_bytes(replicas[0].database)
     meter = Meter(counters, replicas, read_token)
     stop, sampling = asyncio.Event(), asyncio.Event()
     for replica in replicas:
@@ -882,7 +889,24 @@ async def run_mode(
     except httpx.HTTPError as exc:  # a replica still buried in its backlog
         result.storm_diagnoses = [f"no answer: {exc!r}"]
     await count_check(replicas, nodes, read_token, result)
+    result.database_growth = database_bytes(replicas[0].database) - database_start
     return result
+
+
+def database_bytes(database: str) -> int:
+    """The database's size now: the embedded file and its WAL, or `pg_database_size`."""
+    if not database.startswith("postgresql"):
+        return sum(p.stat().st_size for p in Path(database).glob("diagnoser.db*"))
+    from sqlalchemy import text
+
+    from diagnoser.store.database import create_sync_engine, parse_database_url
+
+    engine = create_sync_engine(parse_database_url(database))
+    try:
+        with engine.connect() as conn:
+            return int(conn.scalar(text("SELECT pg_database_size(current_database())")) or 0)
+    finally:
+        engine.dispose()
 
 
 def server_errors(log: Path) -> str:
@@ -1049,6 +1073,7 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
         "wall s",
         "lines sent",
         "lines committed",
+        "database MB per 1M lines",
     ]
     rows = []
     for r in results:
@@ -1065,6 +1090,7 @@ def report(args: argparse.Namespace, results: list[Result]) -> None:
                 f"{r.wall:.0f}",
                 f"{r.sent_lines:,}",
                 f"{r.committed_lines:,}",
+                f"{r.database_growth / 1e6 / max(r.committed_lines, 1) * 1e6:.1f}",
             ]
         )
     show("Load: resources per replica", columns, rows)
@@ -1204,6 +1230,8 @@ def result_json(result: Result) -> JsonObject:
         "unsent_lines": result.unsent_lines,
         "sent_lines": result.sent_lines,
         "committed_lines": result.committed_lines,
+        "database_growth_bytes": result.database_growth,
+        "rss_by_minute_bytes": result.rss_by_minute,
     }
 
 

@@ -362,6 +362,7 @@ def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
             settings.ingest,
             StreamLocks(),
             after_commit=lambda key: flow.settle(key.job_id),
+            urgent=lambda key: stage.awaits_settle(key.job_id),
         )
         admission = Admission(settings.ingest.max_concurrent_requests)
         metrics.registry.register(

@@ -144,6 +144,11 @@ class AuthSettings(BaseModel):
     """`/healthz` and `/readyz` answer without a token (load balancers and probes send none)."""
     open_metrics: bool = True
     """`/metrics` answers without a token (Prometheus scrapes send none by default)."""
+    token_cache_s: float = Field(default=30.0, ge=0, le=300)
+    """A token verified this recently is not looked up again (0: every request reads the
+    database). A token revoked on another replica or with `diagnoser token revoke` stops
+    working within this many seconds; revoked through this replica's API, at once. Longer
+    than a shipper's upload (about 10 s), so that a node's next upload finds its token."""
 
 
 class LimitSettings(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
@@ -14,7 +14,7 @@ from diagnoser.api.errors import ApiError, responses
 from diagnoser.auth import tokens
 from diagnoser.auth.audit import record
 from diagnoser.auth.binding import JOB_PATTERN
-from diagnoser.auth.roles import PrincipalDep
+from diagnoser.auth.roles import Gate, PrincipalDep
 from diagnoser.auth.tokens import Role
 from diagnoser.ingest.schemas import NodeName
 from diagnoser.store.models import ApiTokenRow, AuditEntryRow, utcnow
@@ -125,15 +125,19 @@ async def create_token(
 
 @router.delete("/tokens/{token_id}", response_model=TokenView, responses=responses(404))
 async def revoke_token(
-    token_id: TokenId, resources: ResourcesDep, principal: PrincipalDep
+    token_id: TokenId, request: Request, resources: ResourcesDep, principal: PrincipalDep
 ) -> TokenView:
-    """Revoke a token at once (idempotent): every later request with it gets 401."""
+    """Revoke a token (idempotent): every later request with it to this replica gets 401,
+    to the others within `DIAGNOSER_AUTH__TOKEN_CACHE_S` (their cache of verified tokens)."""
     async with resources.sessions.begin() as session:
         row = await session.run_sync(lambda s: tokens.revoke(s, token_id))
         if row is None:
             raise ApiError(404, "not_found", f"no token {token_id!r}")
         record(session, principal.actor, "token.revoke", token_id, _token_detail(row))
-        return TokenView.model_validate(row)
+        view = TokenView.model_validate(row)
+    gate: Gate = request.app.state.gate
+    gate.tokens.forget(token_id)
+    return view
 
 
 def _token_detail(row: ApiTokenRow) -> dict[str, Any]:

@@ -273,6 +273,7 @@ async def post_logs(
         duplicate_bytes=outcome.duplicate_bytes,
         truncated_lines=outcome.truncated_lines,
         next_offset=outcome.next_offset,
+        stream_lines=outcome.stream_lines,
         diagnoses=outcome.diagnoses,
         warnings=warnings,
     )

@@ -19,7 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from diagnoser.api.errors import ApiError
 from diagnoser.auth.binding import Binding
-from diagnoser.auth.tokens import Rejection, Role, any_token, verify
+from diagnoser.auth.tokens import Rejection, Role, TokenCache, Verified, any_token, verify
 from diagnoser.config import AuthSettings, Settings
 from diagnoser.store.database import Sessions
 
@@ -185,6 +185,7 @@ class Gate:
 
     Protected once any token exists (checked at most every RECHECK_S while open, and never
     turned off again); always protected off loopback; open when `enabled=false` on loopback.
+    `tokens` holds the tokens verified lately (`DIAGNOSER_AUTH__TOKEN_CACHE_S`).
     """
 
     RECHECK_S = 1.0
@@ -196,6 +197,7 @@ class Gate:
         self._forced_open = settings.enabled is False and loopback
         self._protected = not self._forced_open and (settings.enabled is True or not loopback)
         self._checked_at = float("-inf")
+        self.tokens = TokenCache(settings.token_cache_s)
 
     async def protected(self) -> bool:
         if self._forced_open:
@@ -229,12 +231,19 @@ def _unauthorized(detail: str) -> ApiError:
 
 
 async def _authenticate(request: Request, raw: str) -> Principal:
-    sessions: Sessions = request.app.state.resources.sessions
-    async with sessions() as session:
-        found = await session.run_sync(lambda s: verify(s, raw))
-    if isinstance(found, Rejection):
-        raise _unauthorized(REJECTED[found])
-    return Principal(found.id, Role(found.role), Binding(found.node, found.jobs))
+    gate: Gate = request.app.state.gate
+    cache = gate.tokens
+    verified = cache.get(raw)
+    if verified is None:
+        sessions: Sessions = request.app.state.resources.sessions
+        read_at = cache.clock()
+        async with sessions() as session:
+            found = await session.run_sync(lambda s: verify(s, raw))
+        if isinstance(found, Rejection):
+            raise _unauthorized(REJECTED[found])
+        verified = Verified.of(found)
+        cache.put(raw, verified, read_at)
+    return Principal(verified.id, Role(verified.role), Binding(verified.node, verified.jobs))
 
 
 def _check_binding(request: Request, binding: Binding) -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -113,6 +116,72 @@ def verify(session: Session, raw: str, now: datetime | None = None) -> ApiTokenR
     if row.expires_at is not None and row.expires_at <= (now or utcnow()):
         return Rejection.EXPIRED
     return row
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """What a request needs of a valid token's row, detached from any session."""
+
+    id: str
+    role: str
+    node: str | None
+    jobs: str | None
+    expires_at: datetime | None
+
+    @classmethod
+    def of(cls, row: ApiTokenRow) -> Verified:
+        return cls(row.id, row.role, row.node, row.jobs, row.expires_at)
+
+
+class TokenCache:
+    """Tokens verified in the last `ttl_s` seconds, so that a request with one skips the
+    database (each node's shipper sends its token with every upload: thousands a second).
+
+    Revocation is honoured within `ttl_s`: an entry is trusted only that long after the read
+    that verified it, and `forget` drops a token revoked through this process at once. Expiry
+    is checked at every use. Only valid tokens are kept (keyed by the digest of the whole
+    token, never the token), at most `max_entries`, least recently used dropped first.
+    """
+
+    def __init__(
+        self,
+        ttl_s: float,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.clock = clock
+        self._entries: OrderedDict[str, tuple[Verified, float]] = OrderedDict()
+
+    def get(self, raw: str, now: datetime | None = None) -> Verified | None:
+        if self.ttl_s <= 0:
+            return None
+        key = digest(raw)
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        verified, read_at = entry
+        expired = verified.expires_at is not None and verified.expires_at <= (now or utcnow())
+        if expired or self.clock() - read_at >= self.ttl_s:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return verified
+
+    def put(self, raw: str, verified: Verified, read_at: float) -> None:
+        """`read_at`: the clock when the database read that verified it began."""
+        if self.ttl_s <= 0:
+            return
+        self._entries[digest(raw)] = (verified, read_at)
+        self._entries.move_to_end(digest(raw))
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def forget(self, token_id: str) -> None:
+        """The token was revoked here: its next request reads the database."""
+        for key in [k for k, (v, _) in self._entries.items() if v.id == token_id]:
+            del self._entries[key]
 
 
 def any_token(session: Session | Connection) -> bool:

@@ -270,6 +270,12 @@ class DiagnosisStage:
         """The job has live state here (it sent logs or events to this process)."""
         return job_id in self.jobs
 
+    def awaits_settle(self, job_id: str) -> bool:
+        """New events or resumed progress that the flow's next settle would store: ingest
+        commits such lines at once instead of at its next timed commit."""
+        state = self.jobs.get(job_id)
+        return state is not None and (state.dirty or state.resumed)
+
     def unsettled(self, job_id: str) -> bool:
         """Events scanned that the flow has not turned into a verdict yet."""
         state = self.jobs.get(job_id)

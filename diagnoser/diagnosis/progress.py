@@ -28,6 +28,13 @@ TAIL_LINES = 64
 """How far back from a batch's end to look for its last progress line."""
 
 
+def may_step(line: str) -> bool:
+    """A literal prefilter for `STEP`: every word it matches contains `iter` or `step`, and
+    two substring searches cost a tenth of the regex on the lines that have neither."""
+    lowered = line.lower()
+    return "step" in lowered or "iter" in lowered
+
+
 @dataclass(slots=True)
 class Progress:
     last_step: int | None = None
@@ -36,6 +43,8 @@ class Progress:
     def observe(self, batch: LineBatch) -> None:
         lines = batch.lines
         for line in reversed(lines[-TAIL_LINES:]):
+            if not may_step(line):
+                continue
             if (match := STEP.search(line)) is not None:
                 step = int(match.group(1))
                 self.last_step = max(step, self.last_step or 0)

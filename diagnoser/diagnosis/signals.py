@@ -68,7 +68,7 @@ class SignalReader:
         for i, line in enumerate(lines):
             if "oss" not in line and "heckpoint" not in line:
                 continue
-            signals.observe(line, batch.first_line_no + i)
+            signals.observe_loss(line, batch.first_line_no + i)
             if not signals.raised:
                 continue
             for signal in signals.raised:

@@ -81,6 +81,10 @@ class IngestResult(BaseModel):
     duplicate_bytes: int = Field(description="Bytes already committed by an earlier request.")
     truncated_lines: int = Field(description="Lines cut at the length limit.")
     next_offset: int = Field(description="Committed offset: where this stream's next byte goes.")
+    stream_lines: int = Field(
+        description="Lines the stream holds up to next_offset: the server's count, whatever "
+        "earlier uploads whose receipts the client never got committed."
+    )
     diagnoses: list[str] = Field(default_factory=list, description="Diagnoses this body triggered.")
     warnings: list[str] = Field(
         default_factory=list,

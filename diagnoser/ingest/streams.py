@@ -7,10 +7,11 @@ thread (SQLite) or one greenlet run (PostgreSQL), instead of a thread round trip
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Table, func, select, update
+from sqlalchemy import Connection, Table, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from diagnoser.store.models import JobRow, LogStreamRow, utcnow
@@ -111,31 +112,79 @@ class Progress:
     truncated_lines: int
 
 
+@dataclass(frozen=True, slots=True)
+class StreamCommit:
+    """One stream's `Progress`, to be committed with others in one transaction."""
+
+    job_id: str
+    stream_id: int
+    progress: Progress
+
+
+_ADVANCE = (
+    update(STREAMS)
+    .where(STREAMS.c.id == bindparam("b_id"), STREAMS.c.committed_offset == bindparam("b_from"))
+    .values(
+        committed_offset=bindparam("b_to"),
+        lines=STREAMS.c.lines + bindparam("b_lines"),
+        truncated_lines=STREAMS.c.truncated_lines + bindparam("b_truncated"),
+        updated_at=bindparam("b_now", type_=STREAMS.c.updated_at.type),
+    )
+)
+_COUNT = (
+    update(JOBS)
+    .where(JOBS.c.id == bindparam("b_job"))
+    .values(
+        lines_received=JOBS.c.lines_received + bindparam("b_lines"),
+        bytes_received=JOBS.c.bytes_received + bindparam("b_bytes"),
+        last_activity_at=bindparam("b_now", type_=JOBS.c.last_activity_at.type),
+    )
+)
+"""Built once: the ingest hot path runs them thousands of times a second, and building an
+expression costs more than executing it."""
+
+
+def commit_many(conn: Connection, commits: Sequence[StreamCommit]) -> list[bool]:
+    """Advance each stream's committed offset only if nobody else moved it, all in one
+    transaction; per commit, False means a lost race (that stream only: the others stand).
+
+    Rows are locked in one order (streams by id, then jobs by id), so two replicas committing
+    overlapping batches on PostgreSQL wait for each other instead of deadlocking.
+    """
+    now = utcnow()
+    won = [False] * len(commits)
+    counts: dict[str, tuple[int, int]] = {}
+    for index in sorted(range(len(commits)), key=lambda i: commits[i].stream_id):
+        commit = commits[index]
+        progress = commit.progress
+        result = conn.execute(
+            _ADVANCE,
+            {
+                "b_id": commit.stream_id,
+                "b_from": progress.from_offset,
+                "b_to": progress.to_offset,
+                "b_lines": progress.lines,
+                "b_truncated": progress.truncated_lines,
+                "b_now": now,
+            },
+        )
+        if result.rowcount != 1:
+            continue
+        won[index] = True
+        lines, size = counts.get(commit.job_id, (0, 0))
+        counts[commit.job_id] = (
+            lines + progress.lines,
+            size + progress.to_offset - progress.from_offset,
+        )
+    for job_id in sorted(counts):
+        lines, size = counts[job_id]
+        conn.execute(_COUNT, {"b_job": job_id, "b_lines": lines, "b_bytes": size, "b_now": now})
+    return won
+
+
 def commit_progress(conn: Connection, job_id: str, stream_id: int, progress: Progress) -> bool:
     """Advance the committed offset only if nobody else moved it; False means a lost race."""
-    now = utcnow()
-    result = conn.execute(
-        update(STREAMS)
-        .where(STREAMS.c.id == stream_id, STREAMS.c.committed_offset == progress.from_offset)
-        .values(
-            committed_offset=progress.to_offset,
-            lines=STREAMS.c.lines + progress.lines,
-            truncated_lines=STREAMS.c.truncated_lines + progress.truncated_lines,
-            updated_at=now,
-        )
-    )
-    if result.rowcount != 1:
-        return False
-    conn.execute(
-        update(JOBS)
-        .where(JOBS.c.id == job_id)
-        .values(
-            lines_received=JOBS.c.lines_received + progress.lines,
-            bytes_received=JOBS.c.bytes_received + (progress.to_offset - progress.from_offset),
-            last_activity_at=now,
-        )
-    )
-    return True
+    return commit_many(conn, [StreamCommit(job_id, stream_id, progress)])[0]
 
 
 def touch_job(conn: Connection, job_id: str) -> None:

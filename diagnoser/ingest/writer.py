@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import math
 import time
 import weakref
 from collections import OrderedDict
@@ -21,8 +23,9 @@ from diagnoser.ingest.framing import Framer, LineBatch
 from diagnoser.ingest.records import RecordTimes
 from diagnoser.ingest.streams import (
     Progress,
+    StreamCommit,
     StreamPosition,
-    commit_progress,
+    commit_many,
     open_stream,
     stream_position,
 )
@@ -30,6 +33,9 @@ from diagnoser.pipeline import Pipeline, StreamKey
 from diagnoser.store.database import Sessions
 
 KNOWN_STREAMS = 100_000
+MAX_GROUP = 1000
+"""Stream commits per transaction at most: a larger group would hold the database (SQLite's
+one writer) long enough to delay everything else that writes."""
 
 
 class OffsetGapError(Exception):
@@ -59,6 +65,8 @@ class WriteTotals:
     committed_bytes: int = 0
     duplicate_bytes: int = 0
     commits: int = 0
+    transactions: int = 0
+    """Database transactions those commits took (`CommitGroup`): fewer than commits under load."""
     database_errors: int = 0
     """Offset reads and commits that raised (the database down or busy): the client resends."""
 
@@ -69,6 +77,10 @@ class WriteOutcome:
     duplicate_bytes: int = 0
     truncated_lines: int = 0
     next_offset: int = 0
+    stream_lines: int = 0
+    """Lines the stream holds up to `next_offset`: the stream's own count, which a client that
+    lost the receipt of an earlier, cut upload (committed late, or by another replica) can
+    trust where a sum of its receipts falls short."""
     received_bytes: int = 0
     """Body bytes that arrived, duplicates included: 0 means the client sent nothing."""
     diagnoses: list[str] = field(default_factory=list)
@@ -77,6 +89,9 @@ class WriteOutcome:
 
 AfterCommit = Callable[[StreamKey], Awaitable[list[str]]]
 """Called after each commit, with the lines it made durable already handed to the pipeline."""
+Urgent = Callable[[StreamKey], bool]
+"""After a chunk was handed on: whether its lines should be committed now (they carry news
+for the diagnosis), not at the next timed commit."""
 
 
 @dataclass
@@ -96,6 +111,61 @@ class StreamLocks:
         return lock
 
 
+class CommitGroup:
+    """The stream commits of every upload in this process, taken together: the commits that
+    wait when a transaction ends share the next one (group commit).
+
+    A commit that finds no transaction running starts one at the next turn of the event loop,
+    so those queued in the same turn join it; one that arrives while a transaction runs joins
+    the next. Nothing waits for a clock: a lone commit costs what it cost alone. Under load
+    the uploads' commit timers fire together (`_CommitTimer`'s shared grid), so an interval's
+    commits of thousands of open uploads take a few transactions instead of one each. Each
+    commit keeps its own compare-and-set: a lost race fails that stream alone; a failed
+    transaction fails every commit in it, and nothing of it is committed.
+    """
+
+    def __init__(self, sessions: Sessions, totals: WriteTotals) -> None:
+        self.sessions = sessions
+        self.totals = totals
+        self._queue: list[tuple[StreamCommit, asyncio.Future[bool]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def commit(self, commit: StreamCommit) -> bool:
+        """True once `commit` is durable; False when the stream's offset had moved."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.append((commit, future))
+        if self._task is None:
+            self._task = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        batch: list[tuple[StreamCommit, asyncio.Future[bool]]] = []
+        try:
+            await asyncio.sleep(0)  # the commits queued in this turn of the loop come along
+            while self._queue:
+                batch = self._queue[:MAX_GROUP]
+                del self._queue[:MAX_GROUP]
+                group = [commit for commit, _ in batch]
+                try:
+                    won = await self.sessions.run(functools.partial(commit_many, commits=group))
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                else:
+                    for (_, future), result in zip(batch, won, strict=True):
+                        if not future.done():
+                            future.set_result(result)
+                self.totals.transactions += 1
+                batch = []
+        finally:
+            self._task = None
+            for _, future in [*batch, *self._queue]:
+                if not future.done():  # only when the loop itself is stopping
+                    future.set_exception(RuntimeError("the commit group stopped"))
+            self._queue.clear()
+
+
 @dataclass(eq=False)
 class _Commits:
     """Offsets and counts since the last commit of one write.
@@ -105,7 +175,7 @@ class _Commits:
     so they always describe the same lines.
     """
 
-    sessions: Sessions
+    group: CommitGroup
     key: StreamKey
     stream_id: int
     framer: Framer
@@ -141,10 +211,9 @@ class _Commits:
             if offset == self.committed and not lines:
                 return
             progress = Progress(self.committed, offset, lines, truncated)
-            job_id, stream_id = self.key.job_id, self.stream_id
             try:
-                won = await self.sessions.run(
-                    lambda conn: commit_progress(conn, job_id, stream_id, progress)
+                won = await self.group.commit(
+                    StreamCommit(self.key.job_id, self.stream_id, progress)
                 )
             except Exception:
                 self.totals.database_errors += 1
@@ -152,6 +221,7 @@ class _Commits:
             if not won:
                 raise StreamBusyError("the stream's offset moved under this request")
             self.outcome.lines_accepted += lines
+            self.outcome.stream_lines += lines
             self.outcome.truncated_lines += truncated
             self.totals.committed_bytes += offset - self.committed
             self.totals.commits += 1
@@ -167,7 +237,7 @@ class _Commits:
 
 
 class _CommitTimer:
-    """Commits lines left waiting `every_s` after the last commit, even if no byte follows them.
+    """Commits lines left waiting within `every_s`, even if no byte follows them.
 
     Without it, a failure line at the tail of an open upload (the process that printed it died,
     the upload stays open) would wait for the next chunk, the end of the request or the idle
@@ -183,7 +253,13 @@ class _CommitTimer:
         self._stopped = False
 
     def arm(self) -> None:
-        """After each chunk: start the clock if lines wait; raise what a timed commit raised."""
+        """After each chunk: start the clock if lines wait; raise what a timed commit raised.
+
+        The clock runs to the next multiple of `every_s` on the monotonic clock, a grid that
+        every upload of the process shares: their timed commits fall due in the same turn of
+        the event loop and share one transaction (`CommitGroup`). A line waits at most
+        `every_s`, as with a clock per upload.
+        """
         task = self._task
         if task is not None and task.done():
             self._task = None
@@ -191,7 +267,8 @@ class _CommitTimer:
         if self._stopped or self._handle is not None or self._task is not None:
             return
         if self.commits.pending:
-            delay = max(0.0, self.every_s - (time.monotonic() - self.commits.at))
+            now = time.monotonic()
+            delay = math.floor(now / self.every_s + 1) * self.every_s - now
             self._handle = asyncio.get_running_loop().call_later(delay, self._fire)
 
     def _fire(self) -> None:
@@ -221,11 +298,16 @@ class StreamWriter:
     settings: IngestSettings
     locks: StreamLocks
     after_commit: AfterCommit | None = None
+    urgent: Urgent | None = None
     known: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
     """Stream ids already created: a later request reads its offset in one statement."""
     totals: WriteTotals = field(default_factory=WriteTotals)
+    group: CommitGroup = field(init=False)
     active: set[_Commits] = field(default_factory=set)
     """The writes in progress: what the ingest lag is measured over."""
+
+    def __post_init__(self) -> None:
+        self.group = CommitGroup(self.sessions, self.totals)
 
     def uncommitted_age_s(self) -> float:
         """How long the oldest line framed but not yet committed has waited (0: none waits).
@@ -284,10 +366,10 @@ class StreamWriter:
             stream_id, committed, lines = position
             if offset is not None and offset > committed:
                 raise OffsetGapError(committed)
-            outcome = WriteOutcome(next_offset=committed)
+            outcome = WriteOutcome(next_offset=committed, stream_lines=lines)
             framer = Framer(committed, lines + 1, max_line_bytes=self.settings.max_line_bytes)
             commits = _Commits(
-                self.sessions, key, stream_id, framer, outcome, self.totals, self.after_commit
+                self.group, key, stream_id, framer, outcome, self.totals, self.after_commit
             )
             timer = _CommitTimer(commits, self.settings.commit_every_s)
             skip = 0 if offset is None else committed - offset
@@ -309,7 +391,7 @@ class StreamWriter:
                         self._hand_on(key, framer.feed(chunk), commits, times, body_start)
                         if (
                             framer.offset - commits.committed >= self.settings.commit_every_bytes
-                            or time.monotonic() - commits.at >= self.settings.commit_every_s
+                            or (self.urgent is not None and self.urgent(key))
                         ):
                             await commits.commit()
                         timer.arm()

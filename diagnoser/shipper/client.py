@@ -219,7 +219,7 @@ class Shipper:
             self._retry_after(exc)
             return False
         self._backoff.reset()
-        self.progress.accepted(receipt.lines_accepted)
+        self.progress.accepted(receipt.lines_accepted, receipt.stream_lines)
         self.progress.committed(receipt.next_offset)
         if receipt.next_offset != self.source.offset:
             # The server kept back a partial line (it commits whole lines): resend it later.
@@ -262,7 +262,7 @@ class Shipper:
                         self.progress.warn(f"server offset moved to {committed}: not resending")
                     return
                 continue
-            self.progress.accepted(receipt.lines_accepted)
+            self.progress.accepted(receipt.lines_accepted, receipt.stream_lines)
             self.progress.committed(receipt.next_offset)
             return
 

@@ -76,11 +76,21 @@ class Progress:
     def committed(self, offset: int) -> None:
         self.stats.server_offset = offset
 
-    def accepted(self, lines: int) -> None:
-        """An upload's receipt: `lines` more committed."""
-        self.stats.lines_accepted += lines
-        if self.stats.server_lines is not None:
-            self.stats.server_lines += lines
+    def accepted(self, lines: int, stream_lines: int | None = None) -> None:
+        """An upload's receipt: `lines` more committed, and the stream's count if it says.
+
+        The stream's count wins over the sum: an upload cut before its receipt may have its
+        lines committed after the resync that read the count (late, or by another replica),
+        and the next upload's receipt then leaves them out as duplicates.
+        """
+        stats = self.stats
+        if stream_lines is not None and stats.lines_before is not None:
+            stats.server_lines = stream_lines
+            stats.lines_accepted = stream_lines - stats.lines_before
+            return
+        stats.lines_accepted += lines
+        if stats.server_lines is not None:
+            stats.server_lines += lines
 
     def stream(self, offset: int, lines: int) -> None:
         """The server's own count, read at start and after every failure.

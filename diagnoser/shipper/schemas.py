@@ -23,6 +23,8 @@ class UploadReceipt(_Reply):
     next_offset: int
     lines_accepted: int = 0
     duplicate_bytes: int = 0
+    stream_lines: int | None = None
+    """The stream's own count up to `next_offset` (None: a server too old to send it)."""
 
 
 class ErrorReply(_Reply):

@@ -103,6 +103,12 @@ def test_a_resend_of_overlapping_bytes_is_deduplicated(service: ServiceProcess) 
     third = post(service, "resend", lines, node="n1", offset=0)
     assert third.json()["lines_accepted"] == 0
     assert third.json()["duplicate_bytes"] == len(lines)
+    # The stream's own count, which a client that lost receipts can trust over their sum.
+    assert [r.json()["stream_lines"] for r in (first, again, third)] == [
+        lines[:committed].count(b"\n"),
+        100,
+        100,
+    ]
 
 
 def test_a_gap_is_refused_with_the_expected_offset(service: ServiceProcess) -> None:
@@ -423,10 +429,7 @@ def test_over_the_admission_limit_clients_are_told_to_retry(tmp_path: Path) -> N
         process.stop()
 
 
-def test_a_failure_at_the_tail_of_an_open_upload_is_diagnosed_while_it_stays_open(
-    quiet_service: ServiceProcess,
-) -> None:
-    """The process that printed the error died; its launcher's upload stays open, silent."""
+def _diagnosed_while_open(service: ServiceProcess) -> None:
     tail = (
         b"[rank3]: iteration 1200 | loss 1.873 | lr 3.0e-4\n"
         b"[rank3]: Traceback (most recent call last):\n"
@@ -435,7 +438,7 @@ def test_a_failure_at_the_tail_of_an_open_upload_is_diagnosed_while_it_stays_ope
         b"[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
         b"GPU 3 has a total capacity of 79.15 GiB of which 1.12 GiB is free.\n"
     )
-    url = f"{quiet_service.base_url}/v1/jobs/open-tail/diagnoses"
+    url = f"{service.base_url}/v1/jobs/open-tail/diagnoses"
 
     async def upload_and_poll() -> tuple[list[dict[str, object]], httpx.Response]:
         gate = asyncio.Event()
@@ -447,7 +450,7 @@ def test_a_failure_at_the_tail_of_an_open_upload_is_diagnosed_while_it_stays_ope
         async with httpx.AsyncClient(timeout=60) as client:
             upload = asyncio.create_task(
                 client.post(
-                    logs_url(quiet_service, "open-tail"),
+                    logs_url(service, "open-tail"),
                     params={"node": "gpu-017", "rank": 3, "offset": 0},
                     content=body(),
                     headers=TEXT,
@@ -468,6 +471,24 @@ def test_a_failure_at_the_tail_of_an_open_upload_is_diagnosed_while_it_stays_ope
     assert [d["failure_type"] for d in diagnoses] == ["cuda_oom"]
     assert response.status_code == 200
     assert response.json()["next_offset"] == len(tail)
+
+
+def test_a_failure_at_the_tail_of_an_open_upload_is_diagnosed_while_it_stays_open(
+    quiet_service: ServiceProcess,
+) -> None:
+    """The process that printed the error died; its launcher's upload stays open, silent."""
+    _diagnosed_while_open(quiet_service)
+
+
+def test_a_failure_line_is_committed_at_once_not_at_the_next_timed_commit(
+    tmp_path: Path,
+) -> None:
+    """Benign lines of open uploads wait for the shared commit tick (one transaction for all);
+    lines that bring the diagnosis news are committed with their chunk: with the tick an hour
+    away, the failure is still diagnosed while its upload stays open."""
+    env = {"DIAGNOSER_DATA_DIR": str(tmp_path), "DIAGNOSER_INGEST__COMMIT_EVERY_S": "3600"}
+    for process in run_service(env):
+        _diagnosed_while_open(process)
 
 
 def test_the_readme_curl_example_posts_a_shipped_log_that_is_diagnosed(

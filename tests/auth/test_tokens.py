@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -17,7 +18,7 @@ from diagnoser.auth import tokens
 from diagnoser.auth.tokens import Rejection, Role
 from diagnoser.store.database import create_sync_engine, parse_database_url
 from diagnoser.store.migrate import upgrade
-from diagnoser.store.models import utcnow
+from diagnoser.store.models import ApiTokenRow, utcnow
 from tests.auth.issuing import Token, create_token
 from tests.servers import ServiceProcess, run_diagnoser
 
@@ -40,6 +41,36 @@ def test_only_a_digest_is_stored_and_the_check_is_exact(tmp_path: Path) -> None:
     assert tokens.digest(secret) in dump
 
 
+def test_a_cached_token_is_trusted_for_the_cache_time_only(tmp_path: Path) -> None:
+    """The cache skips the database for `ttl_s` after a read: a revocation made elsewhere is
+    honoured once that runs out, and expiry at every use."""
+    database = parse_database_url(f"sqlite:///{tmp_path / 'diagnoser.db'}")
+    upgrade(database)
+    now = [1000.0]
+    cache = tokens.TokenCache(5.0, clock=lambda: now[0])
+    with Session(create_sync_engine(database)) as session, session.begin():
+        issued = tokens.issue(session, Role.INGEST, node="node-a")
+        soon = tokens.issue(session, Role.READ, expires_at=utcnow() + timedelta(seconds=30))
+        issued_id = issued.row.id
+    for token in (issued, soon):
+        with Session(create_sync_engine(database)) as session:
+            row = tokens.verify(session, token.raw)
+            assert isinstance(row, ApiTokenRow)
+            cache.put(token.raw, tokens.Verified.of(row), now[0])
+    with Session(create_sync_engine(database)) as session, session.begin():
+        tokens.revoke(session, issued_id)
+    now[0] += 4.9
+    cached = cache.get(issued.raw)
+    assert cached is not None  # within the cache time
+    assert cached.node == "node-a"
+    assert cache.get(soon.raw, utcnow() + timedelta(seconds=31)) is None  # expired: dropped
+    now[0] += 0.1
+    assert cache.get(issued.raw) is None  # the next request reads the database: revoked
+    with Session(create_sync_engine(database)) as session:
+        assert tokens.verify(session, issued.raw) is Rejection.REVOKED
+    assert tokens.TokenCache(0.0).get(issued.raw) is None
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
@@ -52,7 +83,9 @@ def admin(data_dir: Path) -> Token:
 
 @pytest.fixture
 def service(data_dir: Path, admin: Token) -> Iterator[ServiceProcess]:
-    process = ServiceProcess(env={"DIAGNOSER_DATA_DIR": str(data_dir)})
+    # A 2 s token cache (30 s by default): a token revoked elsewhere is refused within it.
+    env = {"DIAGNOSER_DATA_DIR": str(data_dir), "DIAGNOSER_AUTH__TOKEN_CACHE_S": "2"}
+    process = ServiceProcess(env=env)
     process.start()
     yield process
     process.stop()
@@ -80,7 +113,11 @@ def test_a_revoked_token_is_refused_from_the_next_request(
         "token", "revoke", reader.id, "--data-dir", str(data_dir), child=True
     )
     assert result.returncode == 0, result.stderr
-    refused = httpx.get(url, headers=reader.headers)
+    # Revoked outside the service: refused once its cache entry runs out (TOKEN_CACHE_S).
+    deadline = time.monotonic() + 60
+    while (refused := httpx.get(url, headers=reader.headers)).status_code == 200:
+        assert time.monotonic() < deadline, "the revoked token still works"
+        time.sleep(0.2)
     assert refused.status_code == 401
     assert refused.json()["detail"] == "the bearer token was revoked"
     listed = run_diagnoser("token", "list", "--json", "--data-dir", str(data_dir))
@@ -103,9 +140,15 @@ def test_admin_changes_are_audited_with_the_token_that_made_them(
     assert created.status_code == 201, created.text
     new = created.json()
     assert new["token"].startswith("dgn_")
+    bound = {"Authorization": f"Bearer {new['token']}"}
+    posted = httpx.post(f"{base}/v1/jobs/train-1/logs?node=node-a", content=b"x\n", headers=bound)
+    assert posted.status_code == 200, posted.text  # verified, and now in the token cache
     revoked = httpx.delete(f"{base}/v1/tokens/{new['id']}", headers=admin.headers)
     assert revoked.status_code == 200
     assert revoked.json()["revoked_at"] is not None
+    # Revoked through this replica: the cached token is refused from the next request.
+    again = httpx.post(f"{base}/v1/jobs/train-1/logs?node=node-a", content=b"y\n", headers=bound)
+    assert again.status_code == 401
     page = httpx.get(f"{base}/v1/audit", headers=admin.headers).json()
     seen = [(e["actor"], e["action"], e["subject"]) for e in page["entries"]]
     assert seen[:3] == [

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from diagnoser.diagnosis.signals import SignalReader
 from diagnoser.ingest.framing import Framer, LineBatch
 from diagnoser.pipeline import StreamKey
 from diagnoser.rules import Action, RuleRegistry
-from diagnoser.templates.signals import SignalConfig
+from diagnoser.templates.signals import LOSS, Signal, SignalConfig, SignalKind, Signals, last_loss
 from tests.diagnosis.training_logs import iteration_line, training_log
 from tests.servers import run_diagnoser
 
@@ -171,3 +173,58 @@ def test_diagnose_stays_silent_on_a_healthy_run_and_follows_the_settings(tmp_pat
     lenient = {"DIAGNOSER_SIGNALS__SPIKE_FACTOR": "4"}
     out = json.loads(run_diagnoser("diagnose", "--json", str(spike), env=lenient).stdout)
     assert out["status"] == "healthy"
+
+
+PROGRESS_FORMATS = [
+    " iteration {step}/ 500000 | learning rate: 1.5E-04 | lm loss: {loss} | loss scale: 1.0 |"
+    " grad norm: nan | number of skipped iterations: 0 |",
+    "[Rank 3] step={step} loss={loss} lr=1.2e-04 grad_norm=0.8 tokens/s=123456",
+    "{{'loss': {loss}, 'grad_norm': 0.41, 'learning_rate': 2e-05, 'epoch': 0.3}}",
+    "step {step}: train loss {loss}, val_loss 9.9, time 31.2ms, mfu 41%",
+    "iter {step}: Loss(avg)={loss} throughput 3.1 samples/s",
+    "saving checkpoint at iteration {step} to /ckpt",
+    "[default0]:step: {step}  loss: {loss}  memory: 31GiB  tps: 5,012  tflops: 201.4",
+]
+
+
+def test_the_loss_reader_raises_what_the_full_reader_raises() -> None:
+    """The live reader reads losses alone (`observe_loss`): on every progress format, its NaN
+    losses and spikes are the full metric reader's, with the same step, value, baseline and
+    checkpoint to resume from."""
+    full, losses = Signals(), Signals()
+    diagnosed = {SignalKind.NAN_LOSS, SignalKind.LOSS_SPIKE}
+    found: tuple[list[Signal], list[Signal]] = ([], [])
+    line_no = 0
+    for step in range(1, 121):
+        loss = "nan" if step == 90 else "9.5" if step in (40, 41) else f"{2.5 - step / 100:.4f}"
+        for template in PROGRESS_FORMATS:
+            line = template.format(step=step, loss=loss)
+            line_no += 1
+            for signals, out, read in (
+                (full, found[0], full.observe),
+                (losses, found[1], losses.observe_loss),
+            ):
+                read(line, line_no)
+                out.extend(s for s in signals.raised if s.kind in diagnosed)
+                signals.raised.clear()
+    full_found, loss_found = (
+        [(*astuple(s)[:3], str(s.value), *astuple(s)[4:]) for s in f] for f in found
+    )
+    assert full_found == loss_found
+    assert {s.kind for s in found[0]} == diagnosed
+
+
+def test_the_literal_loss_search_finds_what_the_loss_regex_finds() -> None:
+    """`last_loss` (a literal search, then the value) against `LOSS` itself, on lines built
+    from the spellings a key may take and the neighbours it may have."""
+    pieces = [
+        "loss", "LOSS", "Loss", "lm loss", "lm_loss", "xlm loss", "train_loss", "val_loss",
+        "/loss", "(loss)", " (avg)", "loss scale", ": ", "=", "'", "2.5", "nan", "-inf", "1e-3",
+        "3.", " ", " | ", "lossy", "İ", "step 3",
+    ]  # fmt: skip
+    rng = random.Random(5)
+    for _ in range(5000):
+        line = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 9)))
+        found = [float(m["value"]) for m in LOSS.finditer(line)]
+        expected = found[-1] if found else None
+        assert str(last_loss(line)) == str(expected), line

@@ -6,7 +6,9 @@ trailing partial line is not committed; what arrived since the last commit is lo
 client disconnects, harsher than the real server); without `offset` the body is whole lines,
 an unterminated last one included. Resent bytes are deduplicated, an offset past the committed
 one gets 409 offset_gap, a second request on a busy stream 429, a bad bearer token 401; switches
-answer 503 + Retry-After or report a wrong committed offset.
+answer 503 + Retry-After, report a wrong committed offset, or commit a cut upload's whole lines
+late: just after the client's next read of the offset has been answered (a replica that
+finishes a cut upload after the client resynced, perhaps with another replica).
 
 `CuttingProxy` sits in front of any server and cuts connections after a number of uploaded
 bytes: a real disconnect mid-request, which an ASGI app cannot cause itself.
@@ -37,6 +39,7 @@ class Faults:
     retry_after: str = "0"
     skew_count: int = 0
     skew_bytes: int = 0
+    late_commits: bool = False
 
 
 def _error(status: int, code: str, detail: str, **extra: object) -> JSONResponse:
@@ -60,6 +63,8 @@ class ContractServer:
     posts: int = 0
     disconnects: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    late: dict[tuple[str, str], list[_Upload]] = field(default_factory=dict)
+    """Cut uploads whose whole lines land after the next GET of their stream."""
 
     def __post_init__(self) -> None:
         route = Route("/v1/jobs/{job}/logs", self.logs, methods=["GET", "POST"])
@@ -75,6 +80,13 @@ class ContractServer:
         """The next `count` GETs report the committed offset `by` bytes too high (a stale read)."""
         with self.lock:
             self.faults.skew_count, self.faults.skew_bytes = count, by
+
+    def commit_cut_uploads_late(self) -> None:
+        """From now on an upload commits at its end only, and one that is cut commits its
+        whole lines just after the next GET of its stream has read the offset: that reply,
+        and the receipt of the upload resent from it, both leave those lines out."""
+        with self.lock:
+            self.faults.late_commits = True
 
     def content(self, job: str, stream: str) -> bytes:
         with self.lock:
@@ -103,6 +115,9 @@ class ContractServer:
             if self.faults.skew_count:
                 self.faults.skew_count -= 1
                 committed += self.faults.skew_bytes
+            late = self.late.pop(key, [])
+        for upload in late:
+            upload.commit(whole_lines_only=True)
         return JSONResponse(
             {
                 "job_id": key[0],
@@ -137,18 +152,22 @@ class ContractServer:
             self.busy.add(key)
         try:
             upload = _Upload(self, key, offset)
+            late_commits = self.faults.late_commits  # a whole upload's lines wait, if cut
             try:
                 async for chunk in request.stream():
                     upload.pending += chunk
-                    if len(upload.pending) >= self.commit_every_bytes:
+                    if len(upload.pending) >= self.commit_every_bytes and not late_commits:
                         upload.commit(whole_lines_only=True)
             except ClientDisconnect:
                 with self.lock:
                     self.disconnects += 1
+                    if self.faults.late_commits:
+                        self.late.setdefault(key, []).append(upload)
                 return Response(status_code=499)
             upload.commit(whole_lines_only=raw is not None)
             with self.lock:
-                next_offset = len(self.streams[key].data) if key in self.streams else 0
+                stored = self.streams.get(key, StoredStream())
+                next_offset, stream_lines = len(stored.data), stored.lines
         finally:
             with self.lock:
                 self.busy.discard(key)
@@ -157,6 +176,7 @@ class ContractServer:
                 "lines_accepted": upload.lines,
                 "duplicate_bytes": upload.duplicate,
                 "next_offset": next_offset,
+                "stream_lines": stream_lines,
             }
         )
 

@@ -196,6 +196,26 @@ def test_resumes_after_connections_drop_mid_upload_without_loss_or_doubling(
     assert "40000 lines in the stream" in summary
 
 
+def test_counts_the_lines_of_a_cut_upload_committed_after_the_resync(
+    contract_server: LogServer, job: str, tmp_path: Path, runs: list[Run]
+) -> None:
+    # A cut upload's lines land just after the shipper re-read the offset: the resent upload
+    # skips them as duplicates, so its receipt leaves them out. Only the stream's own count,
+    # in the receipt, gets the total right.
+    assert contract_server.contract is not None
+    contract_server.contract.commit_cut_uploads_late()
+    data = log_lines(0, 40_000)
+    path = tmp_path / "train.log"
+    path.write_bytes(data)
+    contract_server.proxy.cut_after(300_000, times=4)
+    run = make_run(runs, contract_server, partial(FileFollower, path, follow=False), job)
+    run.shipper.run()
+    assert contract_server.proxy.cuts == 4
+    assert_stream_is(contract_server, job, data)
+    assert run.shipper.progress.stats.lines_accepted == 40_000
+    assert "40000 lines accepted" in run.shipper.progress.summary("here")
+
+
 def test_honours_503_with_retry_after(
     contract_server: LogServer, job: str, tmp_path: Path, runs: list[Run]
 ) -> None:
