@@ -10,7 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from diagnoser.templates.masking import (
+    PLAIN_PATTERNS,
     SENTINEL,
+    VARIABLE,
     coarse_skeleton,
     mask,
     mask_word,
@@ -20,6 +22,7 @@ from diagnoser.templates.masking import (
     tokenize,
 )
 from diagnoser.templates.model import Slot
+from tests.templates.corpus import loghub_datasets, read_lines
 
 
 def masked(line: str) -> str:
@@ -127,3 +130,24 @@ def test_no_digit_survives_masking(line: str) -> None:
 def test_a_token_is_masked_where_it_stands_in_the_line() -> None:
     """`/:/:` right after a number is no path (no separator before it), in either masking."""
     assert masked("0/:/:") == render_masked(mask_word("0/:/:")) == "<int>/:/:"
+
+
+_PLAIN = re.compile("|".join(f"(?P<s{i}>{p})" for i, (_, p) in enumerate(PLAIN_PATTERNS)), re.ASCII)
+
+
+def _found(pattern: re.Pattern[str], text: str) -> list[tuple[int, int, str | None]]:
+    return [(m.start(), m.end(), m.lastgroup) for m in pattern.finditer(text)]
+
+
+@given(st.one_of(_pieces, _text))
+def test_the_masking_regex_finds_what_its_plain_spelling_finds(line: str) -> None:
+    assert _found(VARIABLE, line) == _found(_PLAIN, line)
+
+
+def test_the_masking_regex_finds_what_its_plain_spelling_finds_on_loghub() -> None:
+    paths = loghub_datasets()
+    if not paths:
+        pytest.skip("loghub-2k not found")
+    for path in paths:
+        for line in read_lines(path):
+            assert _found(VARIABLE, line) == _found(_PLAIN, line), line
