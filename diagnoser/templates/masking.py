@@ -108,6 +108,8 @@ VARIABLE = re.compile(
 _SLOT_OF_GROUP = {g: slot for g, (slot, _, _) in zip(_GROUPS, _PATTERNS, strict=True)}
 _WHITESPACE = re.compile(r"\s+")
 _WORD = re.compile(r"(?:[^\s\[]+|\[[^\[\]\n]{0,200}\]|\[)+")
+_SPLIT_WORDS = re.compile(f"({_WORD.pattern})")
+"""Splits a line into whitespace, word, whitespace, ..., whitespace."""
 _SPLIT = re.compile(rf"(\s+|{VARIABLE.pattern})")
 
 SENTINEL: dict[Slot, str] = {slot: chr(0xE000 + i) for i, slot in enumerate(Slot)}
@@ -183,7 +185,17 @@ def mask_word(word: str) -> str:
             word = word.translate(_SCRUB)
     else:
         word = word.translate(_SCRUB)
+    if _MAYBE_VARIABLE.search(word) is None and word.count("-") < 4:
+        return word
     return VARIABLE.sub(_sentinel, word)
+
+
+_MAYBE_VARIABLE = re.compile(
+    r"[0-9/\\]|Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec|Mon|Tue|Wed|Thu|Fri|Sat|Sun"
+)
+"""What every variable part holds but a UUID: a digit, a path separator or a month or weekday
+name (a UUID holds four dashes). A word with none of them is text (a third of new words);
+this search costs a tenth of `VARIABLE`'s."""
 
 
 def _sentinel(m: re.Match[str]) -> str:
@@ -229,12 +241,5 @@ def words(line: str) -> list[str]:
 
 def split_words(line: str) -> tuple[list[str], list[str]]:
     """`words(line)` and the whitespace around them: `seps[i]` precedes `words[i]`."""
-    found: list[str] = []
-    seps: list[str] = []
-    pos = 0
-    for m in _WORD.finditer(line):
-        seps.append(line[pos : m.start()])
-        found.append(m.group())
-        pos = m.end()
-    seps.append(line[pos:])
-    return found, seps
+    parts = _SPLIT_WORDS.split(line)
+    return parts[1::2], parts[::2]

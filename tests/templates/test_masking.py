@@ -151,3 +151,17 @@ def test_the_masking_regex_finds_what_its_plain_spelling_finds_on_loghub() -> No
     for path in paths:
         for line in read_lines(path):
             assert _found(VARIABLE, line) == _found(_PLAIN, line), line
+
+
+def _plain_mask_word(word: str) -> str:
+    return _PLAIN.sub(lambda m: SENTINEL[_PLAIN_SLOTS[m.lastgroup or ""]], word)
+
+
+_PLAIN_SLOTS = {f"s{i}": slot for i, (slot, _) in enumerate(PLAIN_PATTERNS)}
+
+
+@given(st.one_of(_pieces, _text, st.text(max_size=20)))
+def test_mask_word_masks_what_the_plain_spelling_finds(line: str) -> None:
+    for word in line.split():
+        if word.isascii() and "\x00" not in word:
+            assert mask_word(word) == _plain_mask_word(word), word
