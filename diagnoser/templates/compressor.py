@@ -520,11 +520,16 @@ class JobCompression:
         first: int,
     ) -> list[int | None]:
         """The invariant: a filter that matches a guarded line is disabled on the spot, and
-        every line of the batch it matched is kept."""
+        every line of the batch it matched is kept. A blank line inside a guarded block is
+        kept too, but says nothing against the filter of blank lines, which stays."""
         broken: set[int] = set()
+        blank: list[int] = []
         for i, reason in guarded.items():
             x = idx[i]
             if x is not None:
+                if reason is GuardReason.BLOCK and not lines[i].strip():
+                    blank.append(i)
+                    continue
                 f = active[x]
                 reason_text = f"matched a guarded line ({reason.value})"
                 own = self.filters
@@ -532,7 +537,13 @@ class JobCompression:
                 owner = own if own is not None and mine else self.compressor.filters
                 owner.disable(f, first + i, lines[i], reason_text)
                 broken.add(x)
-        return [None if x in broken else x for x in idx] if broken else idx
+        if broken:
+            idx = [None if x in broken else x for x in idx]
+        elif blank:
+            idx = list(idx)
+        for i in blank:
+            idx[i] = None
+        return idx
 
     def _count(self, hits: Counter[int | None], active: list[Filter], last_line: int) -> None:
         for x, n in hits.items():
