@@ -373,9 +373,11 @@ class JobCompression:
             texts.update({f.template_id: f.template for f in self.filters.filters})
         return texts
 
-    def _match(self, lines: Sequence[str]) -> tuple[list[int | None], list[Filter]]:
+    def _match(
+        self, lines: Sequence[str], data: bytes | None = None
+    ) -> tuple[list[int | None], list[Filter]]:
         """The family's filters, then this job's own on the lines they left."""
-        idx, active = self.compressor.filters.match_indexes(lines)
+        idx, active = self.compressor.filters.match_indexes(lines, data)
         own = self.filters
         if own is None or not own.filters or None not in idx:
             return idx, active
@@ -431,7 +433,9 @@ class JobCompression:
         stand), so it applies from the very next line."""
         c = self.compressor
         state = self._state.setdefault(stream, GuardState())
-        guarded = c.guard.scan(lines, state, ranks)
+        # Joined and encoded once, for the guard's scan and the filter set's skeleton memo.
+        data = "\n".join(lines).encode("utf-8", "replace")
+        guarded = c.guard.scan(lines, state, ranks, data)
         kept: list[int] = []
         start = 0
         matched: tuple[list[int | None], list[Filter]] | None = None
@@ -443,7 +447,8 @@ class JobCompression:
                     part, shifted, ranks[start:] if ranks is not None else None, node, matched
                 )
             else:
-                found, used, matched = self._part(lines, guarded, ranks, node, None)
+                matched = self._match(lines, data)
+                found, used, matched = self._part(lines, guarded, ranks, node, matched)
             kept.extend(start + i for i in found)
             start += used
         return kept
