@@ -239,6 +239,33 @@ def words(line: str) -> list[str]:
     return _WORD.findall(line)
 
 
+_WORD_BYTES = re.compile(rb"(?:[^\s\[]+|\[[^\[\]\n]{0,200}\]|\[)+")
+_ODD_SPACE = re.compile(rb"[\x1c-\x1f]")
+"""ASCII characters `str.split` and `re`'s `\\s` take as whitespace, but bytes patterns do not."""
+
+
+def coarse_words(coarse: bytes, line: str) -> list[bytes] | None:
+    """The `coarse_skeleton` of each of `words(line)`, or None where the two might split apart.
+
+    A word masks as its coarse form does, and far more words share a coarse form (every number
+    one key), so the miner caches masked words by it. Words are found in the line's coarse
+    skeleton, which splits as the line does when the line is ASCII, holds no separator
+    control character, and is too short for a `[...]` field to pass 200 characters (the
+    skeleton is shorter, and may group a field the line leaves split)."""
+    if not line.isascii() or _ODD_SPACE.search(coarse) is not None:
+        return None
+    if b"[" not in coarse:
+        return coarse.split()
+    if len(line) > 200:
+        return None
+    return _WORD_BYTES.findall(coarse)
+
+
+def mask_coarse_word(word: bytes) -> str:
+    """`mask_word` of a word given by its coarse form (an ASCII word's `coarse_words` entry)."""
+    return mask_word(word.decode("latin-1").replace("\xff", "0"))
+
+
 def split_words(line: str) -> tuple[list[str], list[str]]:
     """`words(line)` and the whitespace around them: `seps[i]` precedes `words[i]`."""
     parts = _SPLIT_WORDS.split(line)

@@ -14,12 +14,15 @@ from diagnoser.templates.masking import (
     SENTINEL,
     VARIABLE,
     coarse_skeleton,
+    coarse_words,
     mask,
+    mask_coarse_word,
     mask_word,
     render,
     render_masked,
     skeleton,
     tokenize,
+    words,
 )
 from diagnoser.templates.model import Slot
 from tests.templates.corpus import loghub_datasets, read_lines
@@ -165,3 +168,24 @@ def test_mask_word_masks_what_the_plain_spelling_finds(line: str) -> None:
     for word in line.split():
         if word.isascii() and "\x00" not in word:
             assert mask_word(word) == _plain_mask_word(word), word
+
+
+_brackets = st.lists(
+    st.sampled_from([*_PIECES, "[", "]", "[a b]", " ", "\t", "\x1c", "x" * 120, "é"]), max_size=30
+).map("".join)
+
+
+@given(st.one_of(_pieces, _text, _brackets))
+def test_a_word_masks_as_its_coarse_form_from_the_line_skeleton(line: str) -> None:
+    found = coarse_words(coarse_skeleton(skeleton(line)), line)
+    if found is None:
+        return
+    assert [mask_coarse_word(w) for w in found] == [mask_word(w) for w in words(line)]
+
+
+def test_coarse_words_give_up_where_the_skeleton_may_split_otherwise() -> None:
+    long_field = "[" + "1" * 150 + " " + "2" * 100 + "]"
+    assert coarse_words(coarse_skeleton(skeleton(long_field)), long_field) is None
+    assert coarse_words(b"a\x1cb", "a\x1cb") is None
+    assert coarse_words(coarse_skeleton(skeleton("é 12")), "é 12") is None
+    assert coarse_words(b"[1 1] a", "[12 3] a") == [b"[1 1]", b"a"]
