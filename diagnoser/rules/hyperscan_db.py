@@ -62,18 +62,21 @@ class LiteralScanner:
 class PatternScanner:
     """Finds where any of a set of regexes ends a match in a chunk, in one pass.
 
-    Patterns are compiled in multi-line mode (`^` and `$` at every line). `scan` returns
+    Patterns are compiled in multi-line mode (`^` and `$` at every line); `allow_empty` lets a
+    pattern match an empty line (the filter of blank lines). `scan` returns
     (end_offset, pattern_id) pairs in the order hyperscan reports them (by end offset). Patterns
     hyperscan rejects raise `ValueError` naming the first one, so callers can refuse it alone.
     """
 
     __slots__ = ("_db", "_lock", "_scratch")
 
-    def __init__(self, patterns: Sequence[tuple[bytes, bool]]) -> None:
+    def __init__(
+        self, patterns: Sequence[tuple[bytes, bool]], *, allow_empty: bool = False
+    ) -> None:
         if _hs is None:
             raise RuntimeError("hyperscan is not installed")
         db: Any = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-        base = _hs.HS_FLAG_MULTILINE
+        base = _hs.HS_FLAG_MULTILINE | (_hs.HS_FLAG_ALLOWEMPTY if allow_empty else 0)
         flags = [base | (_hs.HS_FLAG_CASELESS if caseless else 0) for _, caseless in patterns]
         try:
             db.compile(
@@ -101,9 +104,9 @@ class PatternScanner:
 
 
 def compiles(pattern: bytes) -> str | None:
-    """None when hyperscan accepts `pattern` (multi-line mode), else its reason."""
+    """None when hyperscan accepts `pattern` as the filter matcher compiles it, else why not."""
     try:
-        PatternScanner([(pattern, False)])
+        PatternScanner([(pattern, False)], allow_empty=True)
     except ValueError as exc:
         return str(exc)
     return None

@@ -373,9 +373,11 @@ class JobCompression:
             texts.update({f.template_id: f.template for f in self.filters.filters})
         return texts
 
-    def _match(self, lines: Sequence[str]) -> tuple[list[int | None], list[Filter]]:
+    def _match(
+        self, lines: Sequence[str], data: bytes | None = None
+    ) -> tuple[list[int | None], list[Filter]]:
         """The family's filters, then this job's own on the lines they left."""
-        idx, active = self.compressor.filters.match_indexes(lines)
+        idx, active = self.compressor.filters.match_indexes(lines, data)
         own = self.filters
         if own is None or not own.filters or None not in idx:
             return idx, active
@@ -431,7 +433,9 @@ class JobCompression:
         stand), so it applies from the very next line."""
         c = self.compressor
         state = self._state.setdefault(stream, GuardState())
-        guarded = c.guard.scan(lines, state, ranks)
+        # Joined and encoded once, for the guard's scan and the filter set's skeleton memo.
+        data = "\n".join(lines).encode("utf-8", "replace")
+        guarded = c.guard.scan(lines, state, ranks, data)
         kept: list[int] = []
         start = 0
         matched: tuple[list[int | None], list[Filter]] | None = None
@@ -443,7 +447,8 @@ class JobCompression:
                     part, shifted, ranks[start:] if ranks is not None else None, node, matched
                 )
             else:
-                found, used, matched = self._part(lines, guarded, ranks, node, None)
+                matched = self._match(lines, data)
+                found, used, matched = self._part(lines, guarded, ranks, node, matched)
             kept.extend(start + i for i in found)
             start += used
         return kept
@@ -520,11 +525,16 @@ class JobCompression:
         first: int,
     ) -> list[int | None]:
         """The invariant: a filter that matches a guarded line is disabled on the spot, and
-        every line of the batch it matched is kept."""
+        every line of the batch it matched is kept. A blank line inside a guarded block is
+        kept too, but says nothing against the filter of blank lines, which stays."""
         broken: set[int] = set()
+        blank: list[int] = []
         for i, reason in guarded.items():
             x = idx[i]
             if x is not None:
+                if reason is GuardReason.BLOCK and not lines[i].strip():
+                    blank.append(i)
+                    continue
                 f = active[x]
                 reason_text = f"matched a guarded line ({reason.value})"
                 own = self.filters
@@ -532,7 +542,13 @@ class JobCompression:
                 owner = own if own is not None and mine else self.compressor.filters
                 owner.disable(f, first + i, lines[i], reason_text)
                 broken.add(x)
-        return [None if x in broken else x for x in idx] if broken else idx
+        if broken:
+            idx = [None if x in broken else x for x in idx]
+        elif blank:
+            idx = list(idx)
+        for i in blank:
+            idx[i] = None
+        return idx
 
     def _count(self, hits: Counter[int | None], active: list[Filter], last_line: int) -> None:
         for x, n in hits.items():

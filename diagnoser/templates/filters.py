@@ -287,8 +287,11 @@ class FilterSet:
         idx, active = self.match_indexes(lines)
         return [None if i is None else active[i] for i in idx]
 
-    def match_indexes(self, lines: Sequence[str]) -> tuple[list[int | None], list[Filter]]:
-        """The raw form of `match` for the hot path: indexes into the returned filter list."""
+    def match_indexes(
+        self, lines: Sequence[str], data: bytes | None = None
+    ) -> tuple[list[int | None], list[Filter]]:
+        """The raw form of `match` for the hot path: indexes into the returned filter list.
+        `data`: the lines joined by newlines, UTF-8 with errors replaced, if already made."""
         self._since += len(lines)
         if self._matcher is None or (
             self._stale
@@ -299,7 +302,9 @@ class FilterSet:
         if not lines:
             return [], active
         memo = self._memo
-        keys = "\n".join(lines).encode("utf-8", "replace").translate(_SKELETON).split(b"\n")
+        if data is None:
+            data = "\n".join(lines).encode("utf-8", "replace")
+        keys = data.translate(_SKELETON).split(b"\n")
         if len(keys) != len(lines):  # a line held a lone surrogate's replacement: no memo
             return self._match(lines, active), active
         known: list[int | None] = list(map(memo.get, keys))

@@ -12,8 +12,9 @@ inside `NCCL_ASYNC_ERROR_HANDLING`), caseless, plus the CamelCase spellings (`Ru
 `ncclSystemError`, `cudaErrorLaunchFailure`) and upper-snake status codes ending in a failure
 word (`CUDA_ERROR_LAUNCH_FAILED`).
 
-Both engines find exactly the same lines: hyperscan (one multi-pattern scan of the batch) and
-the stdlib `re` in ASCII mode (the same `\\b` and the same ASCII-only case folding).
+Both engines find exactly the same lines: hyperscan (one scan of the batch for the failure words
+and the rule pack's anchors together) and the stdlib `re` in ASCII mode (the same `\\b` and the
+same ASCII-only case folding) with the rule pack's own prefilter.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Protocol
 
 from diagnoser.rules import hyperscan_db
 from diagnoser.rules.assembly import TRIGGERS, Assembler, Verdict, open_block
-from diagnoser.rules.prefilter import Prefilter
+from diagnoser.rules.prefilter import Prefilter, merge
 from diagnoser.rules.ruleset import RuleSet
 from diagnoser.rules.schema import Unit
 
@@ -70,41 +71,71 @@ class GuardReason(StrEnum):
     """A continuation line of a multi-line block opened by a guarded line."""
 
 
-class _WordScanner(Protocol):
-    def lines(self, lines: Sequence[str]) -> set[int]: ...
+class _Scanner(Protocol):
+    def single(self, lines: Sequence[str], data: bytes | None) -> dict[int, GuardReason]: ...
 
 
-class _HyperscanWords:
-    def __init__(self) -> None:
+class _HyperscanScanner:
+    """The failure words and every anchor of the rule pack's prefilter in one hyperscan
+    database, so a batch is joined, encoded and scanned once (not once per kind)."""
+
+    def __init__(self, ruleset: RuleSet) -> None:
+        anchors = merge(ruleset.anchors())
+        self._words = len(FAILURE_PATTERNS)
         self._scanner = hyperscan_db.PatternScanner(
             [(p.encode(), caseless) for p, caseless in FAILURE_PATTERNS]
+            + [(_literal(a.literal.encode()), a.caseless) for a in anchors]
         )
 
-    def lines(self, lines: Sequence[str]) -> set[int]:
+    def single(self, lines: Sequence[str], data: bytes | None) -> dict[int, GuardReason]:
         if not lines:
-            return set()
-        data = "\n".join(lines).encode("utf-8", "replace")
+            return {}
+        if data is None:
+            data = "\n".join(lines).encode("utf-8", "replace")
         hits = self._scanner.scan(data)
-        found: set[int] = set()
+        found: dict[int, GuardReason] = {}
+        if not hits:
+            return found
+        words = self._words
         line = 0
         pos = 0
         count = data.count
-        for end, _ in sorted(hits):
-            # A word never spans a newline; its last byte is at end - 1.
+        for end, pattern in sorted(hits):
+            # No match spans a newline; its last byte is at end - 1.
             line += count(b"\n", pos, end - 1)
             pos = end - 1
-            found.add(line)
+            if pattern >= words:
+                found[line] = GuardReason.RULE
+            else:
+                found.setdefault(line, GuardReason.WORD)
         return found
 
 
-class _RegexWords:
-    def __init__(self) -> None:
+def _literal(text: bytes) -> bytes:
+    """A literal as a hyperscan regex: every byte but ASCII letters and digits as `\\xHH`."""
+    return b"".join(
+        bytes((c,)) if 48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 else b"\\x%02x" % c
+        for c in text
+    )
+
+
+class _RegexScanner:
+    """The failure words with the stdlib `re`, then the rule pack's prefilter."""
+
+    def __init__(self, prefilter: Prefilter) -> None:
+        self._prefilter = prefilter
         self._patterns = [
             re.compile(p, re.ASCII | re.MULTILINE | (re.IGNORECASE if caseless else 0))
             for p, caseless in FAILURE_PATTERNS
         ]
 
-    def lines(self, lines: Sequence[str]) -> set[int]:
+    def single(self, lines: Sequence[str], data: bytes | None) -> dict[int, GuardReason]:
+        found = dict.fromkeys(self._words(lines), GuardReason.WORD)
+        for index in self._prefilter.candidates(lines):
+            found[index] = GuardReason.RULE
+        return found
+
+    def _words(self, lines: Sequence[str]) -> set[int]:
         if not lines:
             return set()
         text = "\n".join(lines)
@@ -122,11 +153,11 @@ class _RegexWords:
         return found
 
 
-def _words(engine: str) -> _WordScanner:
+def _scanner(ruleset: RuleSet, engine: str) -> _Scanner:
     if engine == "hyperscan" or (engine == "auto" and hyperscan_db.available()):
-        return _HyperscanWords()
+        return _HyperscanScanner(ruleset)
     if engine in ("regex", "auto"):
-        return _RegexWords()
+        return _RegexScanner(ruleset.prefilter)
     raise ValueError(f"unknown guard engine {engine!r}")
 
 
@@ -142,8 +173,7 @@ class Guard:
 
     def __init__(self, ruleset: RuleSet, *, engine: str = "auto") -> None:
         self.engine = engine
-        self._prefilter: Prefilter = ruleset.prefilter
-        self._words = _words(engine)
+        self._scanner = _scanner(ruleset, engine)
         self._rule_example_lines = tuple(
             line
             for rule in ruleset.rules
@@ -157,21 +187,20 @@ class Guard:
         """Every line of every rule's `examples.match`: the fixed part of the guard corpus."""
         return self._rule_example_lines
 
-    def single(self, lines: Sequence[str]) -> dict[int, GuardReason]:
-        """Lines guarded on their own text (rule pack prefilter, failure words)."""
-        found = dict.fromkeys(self._words.lines(lines), GuardReason.WORD)
-        for index in self._prefilter.candidates(lines):
-            found[index] = GuardReason.RULE
-        return found
+    def single(self, lines: Sequence[str], data: bytes | None = None) -> dict[int, GuardReason]:
+        """Lines guarded on their own text (rule pack prefilter, failure words). `data`: the
+        lines joined by newlines, UTF-8 with errors replaced, when the caller has it already."""
+        return self._scanner.single(lines, data)
 
     def scan(
         self,
         lines: Sequence[str],
         state: GuardState,
         ranks: Sequence[int | None] | None = None,
+        data: bytes | None = None,
     ) -> dict[int, GuardReason]:
         """Every guarded line of the batch, block continuations included, in line order."""
-        found = self.single(lines)
+        found = self.single(lines, data)
         if not found and not state.open:
             return found
         blocks = state.open

@@ -48,7 +48,9 @@ class HyperscanMatcher:
     name = "hyperscan"
 
     def __init__(self, patterns: Sequence[str]) -> None:
-        self._scanner = hyperscan_db.PatternScanner([(p.encode("utf-8"), False) for p in patterns])
+        self._scanner = hyperscan_db.PatternScanner(
+            [(p.encode("utf-8"), False) for p in patterns], allow_empty=True
+        )
         self._check = LiteralChecker(patterns)
 
     def match(self, lines: Sequence[str]) -> list[int | None]:

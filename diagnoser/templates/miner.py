@@ -24,6 +24,8 @@ from diagnoser.templates.masking import (
     SENTINEL,
     SLOT_OF_SENTINEL,
     coarse_skeleton,
+    coarse_words,
+    mask_coarse_word,
     mask_word,
     render_masked,
     skeleton,
@@ -254,6 +256,7 @@ class TemplateMiner:
         self._by_coarse: dict[bytes, int] = {}
         self._by_masked: dict[str, int] = {}
         self._by_word: dict[str, str] = {}
+        self._by_coarse_word: dict[bytes, str] = {}
         self._variable_words: set[str] = set()
         """Plain words seen as the values of a collapsed sibling group: names, not event words."""
         self._value_holes: dict[str, dict[int, int]] = {}
@@ -285,7 +288,7 @@ class TemplateMiner:
         coarse = coarse_skeleton(fine)
         t = self._cached(self._by_coarse, coarse)
         if t is None:
-            words = self._mask(line)
+            words = self._mask(line, coarse)
             mkey = " ".join(words)
             t = self._cached(self._by_masked, mkey)
             if t is None:
@@ -304,7 +307,7 @@ class TemplateMiner:
         )
         if t is not None:
             return t.id
-        words = self._mask(line)
+        words = self._mask(line, coarse_skeleton(fine))
         t = self._cached(self._by_masked, " ".join(words))
         if t is None:
             t = self._best(words)[0]
@@ -330,7 +333,30 @@ class TemplateMiner:
 
     # -- learning ---------------------------------------------------------------------------
 
-    def _mask(self, line: str) -> list[str]:
+    def _mask(self, line: str, coarse: bytes) -> list[str]:
+        found = coarse_words(coarse, line)
+        words = self._mask_words(line) if found is None else self._mask_coarse(found)
+        if LEADER in line:
+            _key_value(words)
+        elif '":' in line:
+            _json_pair(words)
+        return words
+
+    def _mask_coarse(self, found: list[bytes]) -> list[str]:
+        cache = self._by_coarse_word
+        get = cache.get
+        words = []
+        for word in found:
+            masked = get(word)
+            if masked is None:
+                masked = mask_coarse_word(word)
+                if len(cache) >= self.config.cache_entries:
+                    cache.clear()
+                cache[word] = masked
+            words.append(masked)
+        return words
+
+    def _mask_words(self, line: str) -> list[str]:
         cache = self._by_word
         words = []
         for word in words_of(line):
@@ -341,10 +367,6 @@ class TemplateMiner:
                     cache.clear()
                 cache[word] = masked
             words.append(masked)
-        if LEADER in line:
-            _key_value(words)
-        elif '":' in line:
-            _json_pair(words)
         return words
 
     def _learn(self, line: str, words: list[str]) -> _Template:

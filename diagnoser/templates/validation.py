@@ -25,6 +25,10 @@ MIN_LITERAL = 4
 """Non-blank literal characters every match must contain; fewer is a `.*`-like filter."""
 PROBES = ("", " ", "x", "0", "-", "ok", "a b", "hello world", "1 2 3", "foo=1 bar=2", "[x]")
 """Generic lines no real filter matches: a filter that does is over-broad."""
+BLANK_LINE = r"^[ \t]*$"
+"""The filter of blank lines (the template of the empty line): it takes only lines without a
+character of text, which no failure line is, so the generic blank probes do not make it broad.
+Tracebacks and banners print blank lines by the dozen; kept, they are noise."""
 DEFAULT_TIMEOUT = 0.05
 """Seconds a candidate may spend on one adversarial input before it is rejected."""
 MAX_CORPUS = 4096
@@ -342,8 +346,8 @@ class Validator:
 
     def remember(self, line: str) -> None:
         """Add a failure line to the guard corpus (the oldest beyond `MAX_CORPUS` go)."""
-        if line in self._seen:
-            return
+        if line in self._seen or not line.strip():
+            return  # a blank line is guarded only as part of a block, never for its text
         self._seen[line] = None
         if len(self._seen) > MAX_CORPUS:
             del self._seen[next(iter(self._seen))]
@@ -370,6 +374,8 @@ class Validator:
             return f"over-broad: only {literal} literal characters required"
         try:
             for probe in PROBES:
+                if pattern == BLANK_LINE and not probe.strip():
+                    continue
                 if compiled.fullmatch(probe, timeout=self.timeout):
                     return f"over-broad: matches the generic line {probe!r}"
             for sample in samples:

@@ -265,3 +265,45 @@ def test_a_template_of_numbers_alone_is_filtered_from_its_fourth_line() -> None:
     kept = [k.text for k in log.kept]
     assert [line for line in kept if line.startswith("eval")] == [*evals[:3], nan]
     assert sum(line.startswith("worker") for line in kept) >= 8
+
+
+def _child_failed_report(step: int) -> list[str]:
+    """torchrun's report, with a blank line inside it (block-guarded)."""
+    return [
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "============================================================",
+        "train.py FAILED",
+        "------------------------------------------------------------",
+        "",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        f"  time      : 2025-05-21_15:43:{step:02d}",
+        "  rank      : 0 (local_rank: 0)",
+        "  exitcode  : -9 (pid: 14750)",
+        "============================================================",
+    ]
+
+
+def test_blank_lines_are_filtered_but_kept_inside_a_failure_report() -> None:
+    for engine in ("hyperscan", "regex"):
+        compressor = Compressor(pack(engine), CompressorConfig(engine=engine))
+        lines: list[str] = []
+        for step in range(1, 40):
+            lines += [f"step {step} done in {step * 3} ms", "", "   "]
+            if step in (20, 30):
+                lines += _child_failed_report(step)
+        log = run(compressor.job(), lines, batch=64)
+        blank_kept = [k for k in log.kept if not k.text.strip()]
+        # The first few blank lines teach the filter; later ones are dropped, except the one
+        # inside each report, kept as part of its block.
+        assert len([k for k in blank_kept if k.guarded is None]) <= 4, engine
+        assert len([k for k in blank_kept if k.guarded is not None]) == 2, engine
+        for step in (20, 30):
+            report = _child_failed_report(step)
+            start = lines.index(report[0], lines.index(f"step {step} done in {step * 3} ms"))
+            kept = {k.line_no for k in log.kept}
+            assert set(range(start + 1, start + len(report) + 1)) <= kept, engine
+        blank = [f for f in compressor.filters.filters if f.pattern == r"^[ \t]*$"]
+        assert blank, engine
+        assert blank[0].enabled, engine
+        assert compressor.filters.disabled == [], engine

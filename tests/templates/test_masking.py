@@ -10,16 +10,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from diagnoser.templates.masking import (
+    PLAIN_PATTERNS,
     SENTINEL,
+    VARIABLE,
     coarse_skeleton,
+    coarse_words,
     mask,
+    mask_coarse_word,
     mask_word,
     render,
     render_masked,
     skeleton,
     tokenize,
+    words,
 )
 from diagnoser.templates.model import Slot
+from tests.templates.corpus import loghub_datasets, read_lines
 
 
 def masked(line: str) -> str:
@@ -127,3 +133,59 @@ def test_no_digit_survives_masking(line: str) -> None:
 def test_a_token_is_masked_where_it_stands_in_the_line() -> None:
     """`/:/:` right after a number is no path (no separator before it), in either masking."""
     assert masked("0/:/:") == render_masked(mask_word("0/:/:")) == "<int>/:/:"
+
+
+_PLAIN = re.compile("|".join(f"(?P<s{i}>{p})" for i, (_, p) in enumerate(PLAIN_PATTERNS)), re.ASCII)
+
+
+def _found(pattern: re.Pattern[str], text: str) -> list[tuple[int, int, str | None]]:
+    return [(m.start(), m.end(), m.lastgroup) for m in pattern.finditer(text)]
+
+
+@given(st.one_of(_pieces, _text))
+def test_the_masking_regex_finds_what_its_plain_spelling_finds(line: str) -> None:
+    assert _found(VARIABLE, line) == _found(_PLAIN, line)
+
+
+def test_the_masking_regex_finds_what_its_plain_spelling_finds_on_loghub() -> None:
+    paths = loghub_datasets()
+    if not paths:
+        pytest.skip("loghub-2k not found")
+    for path in paths:
+        for line in read_lines(path):
+            assert _found(VARIABLE, line) == _found(_PLAIN, line), line
+
+
+def _plain_mask_word(word: str) -> str:
+    return _PLAIN.sub(lambda m: SENTINEL[_PLAIN_SLOTS[m.lastgroup or ""]], word)
+
+
+_PLAIN_SLOTS = {f"s{i}": slot for i, (slot, _) in enumerate(PLAIN_PATTERNS)}
+
+
+@given(st.one_of(_pieces, _text, st.text(max_size=20)))
+def test_mask_word_masks_what_the_plain_spelling_finds(line: str) -> None:
+    for word in line.split():
+        if word.isascii() and "\x00" not in word:
+            assert mask_word(word) == _plain_mask_word(word), word
+
+
+_brackets = st.lists(
+    st.sampled_from([*_PIECES, "[", "]", "[a b]", " ", "\t", "\x1c", "x" * 120, "é"]), max_size=30
+).map("".join)
+
+
+@given(st.one_of(_pieces, _text, _brackets))
+def test_a_word_masks_as_its_coarse_form_from_the_line_skeleton(line: str) -> None:
+    found = coarse_words(coarse_skeleton(skeleton(line)), line)
+    if found is None:
+        return
+    assert [mask_coarse_word(w) for w in found] == [mask_word(w) for w in words(line)]
+
+
+def test_coarse_words_give_up_where_the_skeleton_may_split_otherwise() -> None:
+    long_field = "[" + "1" * 150 + " " + "2" * 100 + "]"
+    assert coarse_words(coarse_skeleton(skeleton(long_field)), long_field) is None
+    assert coarse_words(b"a\x1cb", "a\x1cb") is None
+    assert coarse_words(coarse_skeleton(skeleton("é 12")), "é 12") is None
+    assert coarse_words(b"[1 1] a", "[12 3] a") == [b"[1 1]", b"a"]
