@@ -330,6 +330,12 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "nvlink_error",
         CORDON,
     ),
+    "fabric topology": (
+        "[Mar 03 2025 10:12:44] [ERROR] [tid 1201] detected number of NVSwitches don't match "
+        "with any supported system topology, aborting fabric manager",
+        "nvlink_error",
+        CORDON,
+    ),
     "device plugin xid": (
         "XidCriticalError: Xid=79 on Device=GPU-0b11d014; marking device as unhealthy.",
         "gpu_fallen_off_bus",
