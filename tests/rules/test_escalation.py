@@ -72,6 +72,15 @@ FAILING = {
     "device_event_mgr.cc:223] Unexpected Event status: 1",
     "spawn signal": "torch.multiprocessing.spawn.ProcessExitedException: process 3 terminated "
     "with signal SIGSEGV",
+    "open mpi handler": "[gpu-node-3:41234] *** Process received signal ***",
+    "open mpi signal name": "[gpu-node-3:41234] Signal: Segmentation fault (11)",
+    "mpi fatal handler": "*** MPI_ERRORS_ARE_FATAL (processes in this communicator will now abort,",
+    "mpi exit split": "Primary job  terminated normally, but 1 process returned",
+    "prterun exit": "prterun detected that one or more processes exited with non-zero status,",
+    "orte daemon": "An ORTE daemon has unexpectedly failed after launch and before",
+    "ecc in words": "GPU 2: Uncorrectable ECC error detected, GPU needs attention",
+    "dcgm nvlink counter": "Detected 12 CRC NvLink errors on GPU 3's link 2 which exceeds "
+    "threshold of 0",
 }
 
 HEALTHY = {
@@ -110,6 +119,14 @@ HEALTHY = {
     "lustre restored": "kernel: Lustre: scratch-OST0004-osc-ffff9a3e: Connection restored to "
     "10.1.2.14@o2ib (at 10.1.2.14@o2ib)",
     "nvlink up": "         Link 3: 26.562 GB/s",
+    "ecc zero": "ECC summary: 0 uncorrectable ECC errors, 12 correctable",
+    "ecc field zero": "    Uncorrectable ECC errors: 0",
+    "mpi thread level": "MPI_Init_thread returned MPI_THREAD_MULTIPLE",
+    "fabric manager absent": "Mar 03 10:12:45 gpu-node-4 systemd[1]: nvidia-fabricmanager.service"
+    ": Failed with result 'exit-code'.",
+    "fabric manager nothing to do": "[ERROR] [tid 12345] request to query NVSwitch device "
+    "information from NVSwitch driver failed with error:WARNING Nothing to do "
+    "[NV_WARN_NOTHING_TO_DO]",
     "graceful exit": "INFO:torch.distributed.elastic.agent.server.api:[default] worker group "
     "successfully finished. Waiting 300 seconds for other agents to finish.",
 }
