@@ -121,8 +121,8 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "F0926 17:26:32.075587  157988 client.h:77] Terminating process because the JAX "
         "distributed service detected fatal errors. This most likely indicates that another "
         "task died; see the other task logs for more details.",
-        "rendezvous_error",
-        RESTART,
+        "communicator_aborted",
+        ESCALATE,
     ),
 }
 
