@@ -83,6 +83,37 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "storage_io_error",
         ESCALATE,
     ),
+    "ext4 read-only remount": (
+        "kernel: EXT4-fs (sda1): Remounting filesystem read-only",
+        "storage_io_error",
+        ESCALATE,
+    ),
+    "xfs metadata": (
+        'kernel: XFS (dm-0): metadata I/O error in "xfs_trans_read_buf_map" at daddr 0x1a2b '
+        "len 8 error 5",
+        "storage_io_error",
+        ESCALATE,
+    ),
+    "scsi failed": (
+        "kernel: sd 0:0:0:0: [sda] tag#12 FAILED Result: hostbyte=DID_OK driverbyte=DRIVER_SENSE",
+        "storage_io_error",
+        ESCALATE,
+    ),
+    "nfs4 unhandled": (
+        "kernel: NFS: nfs4_reclaim_open_state: unhandled error -121",
+        "nfs_error",
+        RESTART,
+    ),
+    "torch.save cannot open": (
+        "RuntimeError: File /ckpt/run1/model.pt cannot be opened.",
+        "storage_io_error",
+        ESCALATE,
+    ),
+    "torch.save parent missing": (
+        "RuntimeError: Parent directory /ckpt/run1/step_100 does not exist.",
+        "storage_io_error",
+        NOTIFY,
+    ),
     "master addr unset": (
         "ValueError: Error initializing torch.distributed using env:// rendezvous: environment "
         "variable MASTER_ADDR expected, but not set",
@@ -135,6 +166,11 @@ HEALTHY = {
     'AttachVolume.Attach succeeded for volume "pvc-3f1c"',
     "lustre restored": "kernel: Lustre: scratch-OST0004-osc-ffff9a3e7c6f5000: Connection "
     "restored to 10.1.2.14@o2ib (at 10.1.2.14@o2ib)",
+    "xfs mount": "kernel: XFS (nvme0n1): Ending clean mount",
+    "scsi capacity": "kernel: sd 0:0:0:0: [sda] 7814037168 512-byte logical blocks: (4.00 TB/3.64 "
+    "TiB)",
+    "ext4 mount": "kernel: EXT4-fs (sda1): mounted filesystem with ordered data mode. Quota mode: "
+    "none.",
     "rendezvous info": "Initializing torch.distributed using env:// rendezvous (MASTER_ADDR="
     "10.0.0.1, MASTER_PORT=29500)",
     "mpi thread level": "MPI_Init_thread returned MPI_THREAD_MULTIPLE",
