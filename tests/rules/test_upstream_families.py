@@ -347,6 +347,11 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "cuda_oom",
         NOTIFY,
     ),
+    "oom in words": (
+        "ERROR 03-01 10:00:00 engine.py:150] CUDA out of memory while running the model",
+        "cuda_oom",
+        NOTIFY,
+    ),
     "read-only path": (
         "OSError: [Errno 30] Read-only file system: '/media'",
         "storage_io_error",
@@ -399,6 +404,9 @@ HEALTHY = {
     "nvlink status": "GPU 0: NVIDIA H100 80GB HBM3\n         Link 0: 26.562 GB/s\n         Link 1: "
     "Recovery Errors: 0",
     "shm mount": "Mounted /dev/shm with size=64g",
+    "oom retried": "Warning: CUDA out of memory, retrying with smaller batch",
+    "oom skipped": "CUDA OOM at step 1200, skipping batch",
+    "oom hint": "Tip: if you see CUDA out of memory errors, lower --batch-size",
     "fm non-fatal": "[ERROR] [tid 2311] detected NVSwitch non-fatal error 12028 on fid 0 on "
     "NVSwitch pci bus id 00000000:07:00.0",
 }
