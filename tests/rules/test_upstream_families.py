@@ -336,6 +336,17 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "nvlink_error",
         CORDON,
     ),
+    "host memory ue": (
+        "kernel: EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 "
+        "slot:0 page:0x1234 offset:0x0 grain:32)",
+        "host_hardware_error",
+        CORDON,
+    ),
+    "machine check": (
+        "kernel: mce: Uncorrected hardware memory error in user-access at 3c7a8f000",
+        "host_hardware_error",
+        CORDON,
+    ),
     "device plugin xid": (
         "XidCriticalError: Xid=79 on Device=GPU-0b11d014; marking device as unhealthy.",
         "gpu_fallen_off_bus",
@@ -392,6 +403,10 @@ HEALTHY = {
     "pcieport 0000:00:03.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver "
     "ID)",
     "aer recovered": "pcieport 0000:00:03.0: AER: device recovery successful",
+    "edac corrected": "kernel: EDAC MC1: 1 CE memory read error on CPU_SrcID#1_Ha#0_Chan#0_DIMM#0 "
+    "(channel:0 slot:0 page:0x4f21 offset:0x0 grain:32)",
+    "mce logged": "kernel: mce: [Hardware Error]: Machine check events logged",
+    "cper corrected": "kernel: {1}[Hardware Error]:  event severity: corrected",
     "setup probe": "/bin/sh: 1: nvidia-smi: not found",
     "image pulled": 'Normal  Pulled  pod/trainer-0  Successfully pulled image "train:v3" in 41s',
     "ray no kills": "(raylet) node_manager.cc:3277: 0 Workers (tasks / actors) killed due to "
