@@ -79,6 +79,10 @@ FAILING = {
     "prterun exit": "prterun detected that one or more processes exited with non-zero status,",
     "orte daemon": "An ORTE daemon has unexpectedly failed after launch and before",
     "ecc in words": "GPU 2: Uncorrectable ECC error detected, GPU needs attention",
+    "nccl unknown result": "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/"
+    "ProcessGroupNCCL.cpp:1269, unknown result code, NCCL version 2.14.3",
+    "nccl old internal": "RuntimeError: NCCL error in: /opt/pytorch/torch/lib/c10d/"
+    "ProcessGroupNCCL.cpp:825, internal error, NCCL version 2.7.8",
     "dcgm nvlink counter": "Detected 12 CRC NvLink errors on GPU 3's link 2 which exceeds "
     "threshold of 0",
 }

@@ -358,6 +358,24 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "cuda_oom",
         NOTIFY,
     ),
+    "nccl old invalid argument": (
+        "RuntimeError: NCCL error in: ../torch/lib/c10d/ProcessGroupNCCL.cpp:514, invalid "
+        "argument, NCCL version 2.4.8",
+        "startup_error",
+        NOTIFY,
+    ),
+    "ofi request error": (
+        "gpu-node-3:1234:1290 [0] nccl_ofi_rdma.cpp:1412 NCCL WARN NET/OFI Request 0x7f3a "
+        "completed with error. RC: 12. Error: 113 (No route to host). Completed length: 0",
+        "ib_error",
+        RESTART,
+    ),
+    "ofi post failed": (
+        "gpu-node-3:1234:1290 [0] nccl_ofi_rdma.cpp:2210 NCCL WARN NET/OFI Unable to post send "
+        "buffer, RC: -113",
+        "nccl_transport_error",
+        RESTART,
+    ),
     "oom in words": (
         "ERROR 03-01 10:00:00 engine.py:150] CUDA out of memory while running the model",
         "cuda_oom",
