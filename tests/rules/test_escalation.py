@@ -83,6 +83,13 @@ FAILING = {
     "ProcessGroupNCCL.cpp:1269, unknown result code, NCCL version 2.14.3",
     "nccl old internal": "RuntimeError: NCCL error in: /opt/pytorch/torch/lib/c10d/"
     "ProcessGroupNCCL.cpp:825, internal error, NCCL version 2.7.8",
+    "dynamo backend": "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+    "triton resources": "triton.runtime.errors.OutOfResources: out of resource: shared memory, "
+    "Required: 131072, Hardware limit: 101376.",
+    "grpc private class": "grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that "
+    "terminated with:",
+    "container not started": "  Warning  Failed  3s  kubelet  Error: failed to create "
+    "containerd task: failed to create shim task: OCI runtime create failed: runc create failed",
     "dcgm nvlink counter": "Detected 12 CRC NvLink errors on GPU 3's link 2 which exceeds "
     "threshold of 0",
 }
@@ -123,6 +130,8 @@ HEALTHY = {
     "lustre restored": "kernel: Lustre: scratch-OST0004-osc-ffff9a3e: Connection restored to "
     "10.1.2.14@o2ib (at 10.1.2.14@o2ib)",
     "nvlink up": "         Link 3: 26.562 GB/s",
+    "dynamo fallback": "torch._dynamo.exc.BackendCompilerFailed: retrying with backend=eager",
+    "metric timeout value": "metrics.step.TimeToFirstTokenTimeout: 0",
     "ecc zero": "ECC summary: 0 uncorrectable ECC errors, 12 correctable",
     "ecc field zero": "    Uncorrectable ECC errors: 0",
     "mpi thread level": "MPI_Init_thread returned MPI_THREAD_MULTIPLE",

@@ -37,6 +37,21 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "startup_error",
         NOTIFY,
     ),
+    "python -m missing": (
+        "/usr/bin/python: No module named torch.distributed.run",
+        "startup_error",
+        NOTIFY,
+    ),
+    "slurm execve": (
+        "slurmstepd: error: execve(): python: No such file or directory",
+        "startup_error",
+        NOTIFY,
+    ),
+    "wrong architecture": (
+        "standard_init_linux.go:228: exec user process caused: exec format error",
+        "startup_error",
+        NOTIFY,
+    ),
     "missing launcher": ("bash: line 1: torchrun: command not found", "startup_error", NOTIFY),
     "duplicate gpu": (
         "n1:4121:4121 [0] init.cc:738 NCCL WARN Duplicate GPU detected : rank 2 "
@@ -431,6 +446,7 @@ HEALTHY = {
     "memory pressure (OOM), 1 Workers crashed due to other reasons",
     "megatron progress": " iteration      100/  500000 | lm loss: 2.41E+00 | loss scale: 65536.0 "
     "| number of skipped iterations:   0 | number of nan iterations:   0 |",
+    "optional module": "WARNING: No module named 'apex': fused kernels disabled",
     "optional import": "WARNING: apex not found (ImportError: No module named 'apex'), falling "
     "back to torch.optim",
     "pip satisfied": "Requirement already satisfied: torch in /opt/conda/lib/python3.10 (2.4.0)",
