@@ -126,6 +126,22 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         NOTIFY,
     ),
     "store wait": ("RuntimeError: Wait timeout", "rendezvous_error", RESTART),
+    "jax controller": (
+        "E0101 12:00:00.000000 1234 client.cc:107] Failed to connect to distributed JAX "
+        "controller: waited too long for some tasks to show up.",
+        "rendezvous_error",
+        RESTART,
+    ),
+    "c10d host lookup": (
+        "ValueError: host not found: Name or service not known",
+        "rendezvous_error",
+        RESTART,
+    ),
+    "pdsh ssh": (
+        "pdsh@gpu-node-1: gpu-node-2: ssh exited with exit code 255",
+        "rendezvous_error",
+        NOTIFY,
+    ),
     "open mpi init": (
         "It looks like MPI_INIT failed for some reason; your parallel process is",
         "rendezvous_error",
@@ -173,6 +189,8 @@ HEALTHY = {
     "none.",
     "rendezvous info": "Initializing torch.distributed using env:// rendezvous (MASTER_ADDR="
     "10.0.0.1, MASTER_PORT=29500)",
+    "jax connected": "I0101 12:00:00.000000 1234 client.cc:101] Connected to distributed JAX "
+    "controller",
     "mpi thread level": "MPI_Init_thread returned MPI_THREAD_MULTIPLE",
     "coordination connected": "I0926 17:26:32.075402  157988 coordination_service_agent.cc:332] "
     "Coordination agent has successfully connected.",
