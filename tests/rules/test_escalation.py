@@ -90,6 +90,9 @@ FAILING = {
     "terminated with:",
     "container not started": "  Warning  Failed  3s  kubelet  Error: failed to create "
     "containerd task: failed to create shim task: OCI runtime create failed: runc create failed",
+    "dcgm pending retirement": "A pending retired page has been detected in GPU 3.",
+    "dcgm nvlink rate": "12.5 CRC FLIT NvLink errors found occuring per second on GPU 4, "
+    "exceeding the limit of 100 per second.",
     "dcgm nvlink counter": "Detected 12 CRC NvLink errors on GPU 3's link 2 which exceeds "
     "threshold of 0",
 }
