@@ -37,6 +37,14 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "startup_error",
         NOTIFY,
     ),
+    "click option": ("Error: No such option: --lr", "startup_error", NOTIFY),
+    "fire argument": ("ERROR: Could not consume arg: --lr", "startup_error", NOTIFY),
+    "tpu hbm": (
+        "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent "
+        "error. Ran out of memory in memory space hbm. Used 20.5G of 15.48G hbm.",
+        "cuda_oom",
+        NOTIFY,
+    ),
     "python -m missing": (
         "/usr/bin/python: No module named torch.distributed.run",
         "startup_error",
@@ -446,6 +454,7 @@ HEALTHY = {
     "memory pressure (OOM), 1 Workers crashed due to other reasons",
     "megatron progress": " iteration      100/  500000 | lm loss: 2.41E+00 | loss scale: 65536.0 "
     "| number of skipped iterations:   0 | number of nan iterations:   0 |",
+    "click usage": "Usage: train.py [OPTIONS] CONFIG",
     "optional module": "WARNING: No module named 'apex': fused kernels disabled",
     "optional import": "WARNING: apex not found (ImportError: No module named 'apex'), falling "
     "back to torch.optim",
