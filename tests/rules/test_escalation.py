@@ -90,6 +90,7 @@ FAILING = {
     "terminated with:",
     "container not started": "  Warning  Failed  3s  kubelet  Error: failed to create "
     "containerd task: failed to create shim task: OCI runtime create failed: runc create failed",
+    "bare traceback header": "Traceback (most recent call last):",
     "dcgm pending retirement": "A pending retired page has been detected in GPU 3.",
     "dcgm nvlink rate": "12.5 CRC FLIT NvLink errors found occuring per second on GPU 4, "
     "exceeding the limit of 100 per second.",
@@ -245,3 +246,12 @@ def test_a_traceback_buried_in_other_output_escalates(pack: RuleSet, tmp_path: P
     verdict = verdict_of(pack, tmp_path, CUT_TRACEBACK + "\n" + chatter)
     assert verdict.action is Action.ESCALATE
     assert verdict.failure_type == "unexplained_traceback"
+
+
+def test_a_traceback_header_nothing_followed_escalates(pack: RuleSet, tmp_path: Path) -> None:
+    """Training goes on printing after the header, no frame and no exception came: Python
+    printed it for an exception all the same, so the log is not healthy."""
+    verdict = verdict_of(pack, tmp_path, "Traceback (most recent call last):\n" + STEPS)
+    assert (verdict.status, verdict.action) == (Status.INCONCLUSIVE, Action.ESCALATE)
+    assert verdict.root is not None
+    assert verdict.root.text == "Traceback (most recent call last):"
