@@ -90,6 +90,12 @@ FAILING = {
     "terminated with:",
     "container not started": "  Warning  Failed  3s  kubelet  Error: failed to create "
     "containerd task: failed to create shim task: OCI runtime create failed: runc create failed",
+    "kernel oops": "kernel: BUG: unable to handle page fault for address: ffffb0c2",
+    "soft lockup": "kernel: watchdog: BUG: soft lockup - CPU#3 stuck for 22s! [python:1234]",
+    "hung task": "kernel: INFO: task python:1234 blocked for more than 120 seconds.",
+    "c10 backtrace": "Exception raised from c10_cuda_check_implementation at "
+    "../c10/cuda/CUDAException.cpp:43 (most recent call first):",
+    "no gpus": "No devices were found",
     "bare traceback header": "Traceback (most recent call last):",
     "dcgm pending retirement": "A pending retired page has been detected in GPU 3.",
     "dcgm nvlink rate": "12.5 CRC FLIT NvLink errors found occuring per second on GPU 4, "
@@ -136,6 +142,10 @@ HEALTHY = {
     "nvlink up": "         Link 3: 26.562 GB/s",
     "dynamo fallback": "torch._dynamo.exc.BackendCompilerFailed: retrying with backend=eager",
     "metric timeout value": "metrics.step.TimeToFirstTokenTimeout: 0",
+    "nmi watchdog on": "kernel: NMI watchdog: Enabled. Permanently consumes one hw-PMU counter.",
+    "rcu setup": "kernel: rcu: Hierarchical RCU implementation.",
+    "hung task hint": 'kernel: "echo 0 > /proc/sys/kernel/hung_task_timeout_secs" disables this '
+    "message.",
     "ecc zero": "ECC summary: 0 uncorrectable ECC errors, 12 correctable",
     "ecc field zero": "    Uncorrectable ECC errors: 0",
     "mpi thread level": "MPI_Init_thread returned MPI_THREAD_MULTIPLE",
