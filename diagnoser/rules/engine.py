@@ -118,11 +118,12 @@ class JobScanner:
     ) -> list[RuleEvent]:
         """A traceback given up without its exception line (the stream ended, another header
         came, other output buried it): its lines are no unit's evidence any more, so the
-        fallback line rules read them, header first, and the first that speaks is kept. A log
-        cut after `Traceback (most recent call last):` and its frames is not a healthy log."""
+        fallback line rules read them, frames first (they say where), the header last (a
+        header nothing followed still says that something raised), and the first that speaks
+        is kept. A log cut after `Traceback (most recent call last):` is not a healthy log."""
         if not isinstance(assembler, TracebackAssembler) or assembler.exception is not None:
             return []
-        for line in assembler.lines:
+        for line in (*assembler.lines[1:], *assembler.lines[:1]):
             events = self._line_events(
                 self._fallback_line_mask,
                 line,
@@ -188,8 +189,12 @@ class JobScanner:
             closed = headless_exception(line, offset, line_no)
 
         # A line an open multi-line unit took in (a traceback's frame) is that unit's
-        # evidence: catch-all line rules stay out of it.
-        inside = verdict is Verdict.CONTINUE
+        # evidence: catch-all line rules stay out of it. So is the header that opens a
+        # traceback: if the traceback is never completed, `_orphaned` gives it back to them.
+        opens_traceback = verdict is not Verdict.CONTINUE and bool(
+            mask & self.ruleset.trigger_bits[Unit.TRACEBACK]
+        )
+        inside = verdict is Verdict.CONTINUE or opens_traceback
         events = self._line_events(mask, line, offset, line_no, node, rank, now, not inside)
         preceding: tuple[str, ...] = ()
         if closed is not None and closed.unit is not Unit.TRACEBACK:

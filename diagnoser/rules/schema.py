@@ -76,6 +76,8 @@ FAILURE_TYPES: dict[str, _FT] = {
     "ib_host_fault": (Category.HARDWARE, Action.CORDON_NODE_AND_RESTART),
     "nvml_driver_mismatch": (Category.HARDWARE, Action.CORDON_NODE_AND_RESTART),
     "pcie_fatal_error": (Category.HARDWARE, Action.CORDON_NODE_AND_RESTART),
+    "host_hardware_error": (Category.HARDWARE, Action.CORDON_NODE_AND_RESTART),
+    "host_kernel_fault": (Category.HARDWARE, Action.ESCALATE),
     "nccl_timeout": (Category.NETWORK, Action.RESTART_JOB),
     "nccl_remote_error": (Category.NETWORK, Action.RESTART_JOB),
     "nccl_system_error": (Category.NETWORK, Action.RESTART_JOB),

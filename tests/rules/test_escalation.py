@@ -72,6 +72,36 @@ FAILING = {
     "device_event_mgr.cc:223] Unexpected Event status: 1",
     "spawn signal": "torch.multiprocessing.spawn.ProcessExitedException: process 3 terminated "
     "with signal SIGSEGV",
+    "open mpi handler": "[gpu-node-3:41234] *** Process received signal ***",
+    "open mpi signal name": "[gpu-node-3:41234] Signal: Segmentation fault (11)",
+    "mpi fatal handler": "*** MPI_ERRORS_ARE_FATAL (processes in this communicator will now abort,",
+    "mpi exit split": "Primary job  terminated normally, but 1 process returned",
+    "prterun exit": "prterun detected that one or more processes exited with non-zero status,",
+    "orte daemon": "An ORTE daemon has unexpectedly failed after launch and before",
+    "ecc in words": "GPU 2: Uncorrectable ECC error detected, GPU needs attention",
+    "nccl unknown result": "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/"
+    "ProcessGroupNCCL.cpp:1269, unknown result code, NCCL version 2.14.3",
+    "nccl old internal": "RuntimeError: NCCL error in: /opt/pytorch/torch/lib/c10d/"
+    "ProcessGroupNCCL.cpp:825, internal error, NCCL version 2.7.8",
+    "dynamo backend": "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+    "triton resources": "triton.runtime.errors.OutOfResources: out of resource: shared memory, "
+    "Required: 131072, Hardware limit: 101376.",
+    "grpc private class": "grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that "
+    "terminated with:",
+    "container not started": "  Warning  Failed  3s  kubelet  Error: failed to create "
+    "containerd task: failed to create shim task: OCI runtime create failed: runc create failed",
+    "kernel oops": "kernel: BUG: unable to handle page fault for address: ffffb0c2",
+    "soft lockup": "kernel: watchdog: BUG: soft lockup - CPU#3 stuck for 22s! [python:1234]",
+    "hung task": "kernel: INFO: task python:1234 blocked for more than 120 seconds.",
+    "c10 backtrace": "Exception raised from c10_cuda_check_implementation at "
+    "../c10/cuda/CUDAException.cpp:43 (most recent call first):",
+    "no gpus": "No devices were found",
+    "bare traceback header": "Traceback (most recent call last):",
+    "dcgm pending retirement": "A pending retired page has been detected in GPU 3.",
+    "dcgm nvlink rate": "12.5 CRC FLIT NvLink errors found occuring per second on GPU 4, "
+    "exceeding the limit of 100 per second.",
+    "dcgm nvlink counter": "Detected 12 CRC NvLink errors on GPU 3's link 2 which exceeds "
+    "threshold of 0",
 }
 
 HEALTHY = {
@@ -110,6 +140,20 @@ HEALTHY = {
     "lustre restored": "kernel: Lustre: scratch-OST0004-osc-ffff9a3e: Connection restored to "
     "10.1.2.14@o2ib (at 10.1.2.14@o2ib)",
     "nvlink up": "         Link 3: 26.562 GB/s",
+    "dynamo fallback": "torch._dynamo.exc.BackendCompilerFailed: retrying with backend=eager",
+    "metric timeout value": "metrics.step.TimeToFirstTokenTimeout: 0",
+    "nmi watchdog on": "kernel: NMI watchdog: Enabled. Permanently consumes one hw-PMU counter.",
+    "rcu setup": "kernel: rcu: Hierarchical RCU implementation.",
+    "hung task hint": 'kernel: "echo 0 > /proc/sys/kernel/hung_task_timeout_secs" disables this '
+    "message.",
+    "ecc zero": "ECC summary: 0 uncorrectable ECC errors, 12 correctable",
+    "ecc field zero": "    Uncorrectable ECC errors: 0",
+    "mpi thread level": "MPI_Init_thread returned MPI_THREAD_MULTIPLE",
+    "fabric manager absent": "Mar 03 10:12:45 gpu-node-4 systemd[1]: nvidia-fabricmanager.service"
+    ": Failed with result 'exit-code'.",
+    "fabric manager nothing to do": "[ERROR] [tid 12345] request to query NVSwitch device "
+    "information from NVSwitch driver failed with error:WARNING Nothing to do "
+    "[NV_WARN_NOTHING_TO_DO]",
     "graceful exit": "INFO:torch.distributed.elastic.agent.server.api:[default] worker group "
     "successfully finished. Waiting 300 seconds for other agents to finish.",
 }
@@ -212,3 +256,12 @@ def test_a_traceback_buried_in_other_output_escalates(pack: RuleSet, tmp_path: P
     verdict = verdict_of(pack, tmp_path, CUT_TRACEBACK + "\n" + chatter)
     assert verdict.action is Action.ESCALATE
     assert verdict.failure_type == "unexplained_traceback"
+
+
+def test_a_traceback_header_nothing_followed_escalates(pack: RuleSet, tmp_path: Path) -> None:
+    """Training goes on printing after the header, no frame and no exception came: Python
+    printed it for an exception all the same, so the log is not healthy."""
+    verdict = verdict_of(pack, tmp_path, "Traceback (most recent call last):\n" + STEPS)
+    assert (verdict.status, verdict.action) == (Status.INCONCLUSIVE, Action.ESCALATE)
+    assert verdict.root is not None
+    assert verdict.root.text == "Traceback (most recent call last):"

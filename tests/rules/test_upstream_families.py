@@ -37,6 +37,29 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "startup_error",
         NOTIFY,
     ),
+    "click option": ("Error: No such option: --lr", "startup_error", NOTIFY),
+    "fire argument": ("ERROR: Could not consume arg: --lr", "startup_error", NOTIFY),
+    "tpu hbm": (
+        "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent "
+        "error. Ran out of memory in memory space hbm. Used 20.5G of 15.48G hbm.",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "python -m missing": (
+        "/usr/bin/python: No module named torch.distributed.run",
+        "startup_error",
+        NOTIFY,
+    ),
+    "slurm execve": (
+        "slurmstepd: error: execve(): python: No such file or directory",
+        "startup_error",
+        NOTIFY,
+    ),
+    "wrong architecture": (
+        "standard_init_linux.go:228: exec user process caused: exec format error",
+        "startup_error",
+        NOTIFY,
+    ),
     "missing launcher": ("bash: line 1: torchrun: command not found", "startup_error", NOTIFY),
     "duplicate gpu": (
         "n1:4121:4121 [0] init.cc:738 NCCL WARN Duplicate GPU detected : rank 2 "
@@ -330,6 +353,23 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "nvlink_error",
         CORDON,
     ),
+    "fabric topology": (
+        "[Mar 03 2025 10:12:44] [ERROR] [tid 1201] detected number of NVSwitches don't match "
+        "with any supported system topology, aborting fabric manager",
+        "nvlink_error",
+        CORDON,
+    ),
+    "host memory ue": (
+        "kernel: EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 "
+        "slot:0 page:0x1234 offset:0x0 grain:32)",
+        "host_hardware_error",
+        CORDON,
+    ),
+    "machine check": (
+        "kernel: mce: Uncorrected hardware memory error in user-access at 3c7a8f000",
+        "host_hardware_error",
+        CORDON,
+    ),
     "device plugin xid": (
         "XidCriticalError: Xid=79 on Device=GPU-0b11d014; marking device as unhealthy.",
         "gpu_fallen_off_bus",
@@ -338,6 +378,29 @@ FAILING: dict[str, tuple[str, str, Action]] = {
     "thc oom": (
         "RuntimeError: cuda runtime error (2) : out of memory at /pytorch/aten/src/THC/"
         "THCCachingAllocator.cpp:510",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "nccl old invalid argument": (
+        "RuntimeError: NCCL error in: ../torch/lib/c10d/ProcessGroupNCCL.cpp:514, invalid "
+        "argument, NCCL version 2.4.8",
+        "startup_error",
+        NOTIFY,
+    ),
+    "ofi request error": (
+        "gpu-node-3:1234:1290 [0] nccl_ofi_rdma.cpp:1412 NCCL WARN NET/OFI Request 0x7f3a "
+        "completed with error. RC: 12. Error: 113 (No route to host). Completed length: 0",
+        "ib_error",
+        RESTART,
+    ),
+    "ofi post failed": (
+        "gpu-node-3:1234:1290 [0] nccl_ofi_rdma.cpp:2210 NCCL WARN NET/OFI Unable to post send "
+        "buffer, RC: -113",
+        "nccl_transport_error",
+        RESTART,
+    ),
+    "oom in words": (
+        "ERROR 03-01 10:00:00 engine.py:150] CUDA out of memory while running the model",
         "cuda_oom",
         NOTIFY,
     ),
@@ -381,18 +444,27 @@ HEALTHY = {
     "pcieport 0000:00:03.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver "
     "ID)",
     "aer recovered": "pcieport 0000:00:03.0: AER: device recovery successful",
+    "edac corrected": "kernel: EDAC MC1: 1 CE memory read error on CPU_SrcID#1_Ha#0_Chan#0_DIMM#0 "
+    "(channel:0 slot:0 page:0x4f21 offset:0x0 grain:32)",
+    "mce logged": "kernel: mce: [Hardware Error]: Machine check events logged",
+    "cper corrected": "kernel: {1}[Hardware Error]:  event severity: corrected",
     "setup probe": "/bin/sh: 1: nvidia-smi: not found",
     "image pulled": 'Normal  Pulled  pod/trainer-0  Successfully pulled image "train:v3" in 41s',
     "ray no kills": "(raylet) node_manager.cc:3277: 0 Workers (tasks / actors) killed due to "
     "memory pressure (OOM), 1 Workers crashed due to other reasons",
     "megatron progress": " iteration      100/  500000 | lm loss: 2.41E+00 | loss scale: 65536.0 "
     "| number of skipped iterations:   0 | number of nan iterations:   0 |",
+    "click usage": "Usage: train.py [OPTIONS] CONFIG",
+    "optional module": "WARNING: No module named 'apex': fused kernels disabled",
     "optional import": "WARNING: apex not found (ImportError: No module named 'apex'), falling "
     "back to torch.optim",
     "pip satisfied": "Requirement already satisfied: torch in /opt/conda/lib/python3.10 (2.4.0)",
     "nvlink status": "GPU 0: NVIDIA H100 80GB HBM3\n         Link 0: 26.562 GB/s\n         Link 1: "
     "Recovery Errors: 0",
     "shm mount": "Mounted /dev/shm with size=64g",
+    "oom retried": "Warning: CUDA out of memory, retrying with smaller batch",
+    "oom skipped": "CUDA OOM at step 1200, skipping batch",
+    "oom hint": "Tip: if you see CUDA out of memory errors, lower --batch-size",
     "fm non-fatal": "[ERROR] [tid 2311] detected NVSwitch non-fatal error 12028 on fid 0 on "
     "NVSwitch pci bus id 00000000:07:00.0",
 }
