@@ -414,6 +414,50 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "shm_exhausted",
         NOTIFY,
     ),
+    # device OOM, NCCL / RCCL, gloo and JAX coordination spellings of other releases
+    "c10 oom in a c++ thread": (
+        "terminate called after throwing an instance of 'c10::OutOfMemoryError'",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "tf graph execution oom": (
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError: Graph execution error:\n"
+        "\nDetected at node 'model/conv2d/Conv2D' defined at (most recent call last):\n"
+        "OOM when allocating tensor with shape[64,128,112,112] and type float on "
+        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "torch_xla hbm": (
+        "RuntimeError: Resource exhausted: Ran out of memory in memory space hbm. Used 17.5G of "
+        "15.48G hbm.",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "rccl oom": (
+        "gpu-node-2:4411:4470 [0] allocator.cc:76 NCCL WARN HIP failure 'out of memory'",
+        "nccl_cuda_oom",
+        NOTIFY,
+    ),
+    "gloo write error": (
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:575] Write error "
+        "[10.0.0.2]:35112: Broken pipe",
+        "socket_closed",
+        RESTART,
+    ),
+    "xla gloo context": (
+        "jaxlib.xla_extension.XlaRuntimeError: UNKNOWN: Gloo context initialization failed: "
+        "DEADLINE_EXCEEDED: GetKeyValue() timed out with key: cpu:gloo/0,1,2,3/1",
+        "rendezvous_error",
+        RESTART,
+    ),
+    "jax missing heartbeats": (
+        "F0312 08:14:02.551201   40211 client.cc:183] Terminating process because the "
+        "coordinator detected missing heartbeats. This most likely indicates that another task "
+        "died; see the other task logs for more details.",
+        "communicator_aborted",
+        Action.ESCALATE,
+    ),
 }
 
 HEALTHY = {
@@ -465,6 +509,8 @@ HEALTHY = {
     "oom retried": "Warning: CUDA out of memory, retrying with smaller batch",
     "oom skipped": "CUDA OOM at step 1200, skipping batch",
     "oom hint": "Tip: if you see CUDA out of memory errors, lower --batch-size",
+    "tf oom hint": "Hint: If you want to see a list of allocated tensors when OOM happens, add "
+    "report_tensor_allocations_upon_oom to RunOptions for current allocation info.",
     "fm non-fatal": "[ERROR] [tid 2311] detected NVSwitch non-fatal error 12028 on fid 0 on "
     "NVSwitch pci bus id 00000000:07:00.0",
 }
