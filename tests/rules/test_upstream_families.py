@@ -451,6 +451,33 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "rendezvous_error",
         RESTART,
     ),
+    "rocm ecc": (
+        "RuntimeError: HIP error: hipErrorECCNotCorrectable",
+        "gpu_ecc_uncorrectable",
+        CORDON,
+    ),
+    "page retirement failed": (
+        "XID 64 Dynamic Page Retirement: Fatal error, unable to retire page (0x00000000003f6b43)",
+        "gpu_row_remap_failure",
+        CORDON,
+    ),
+    "tcpstore clients 1.x": (
+        "RuntimeError: Timed out after 1800 seconds waiting for clients. 3/4 clients joined.",
+        "rendezvous_error",
+        RESTART,
+    ),
+    "store cannot listen": (
+        "[E socket.cpp:500] [c10d] The server socket has failed to listen on any local network "
+        "address.",
+        "rendezvous_error",
+        Action.ESCALATE,
+    ),
+    "horovodrun exit": (
+        "Horovod detected that one or more processes exited with non-zero status, thus causing "
+        "the job to be terminated. The first process to do so was:",
+        "abnormal_exit",
+        Action.ESCALATE,
+    ),
     "jax missing heartbeats": (
         "F0312 08:14:02.551201   40211 client.cc:183] Terminating process because the "
         "coordinator detected missing heartbeats. This most likely indicates that another task "
@@ -509,6 +536,10 @@ HEALTHY = {
     "oom retried": "Warning: CUDA out of memory, retrying with smaller batch",
     "oom skipped": "CUDA OOM at step 1200, skipping batch",
     "oom hint": "Tip: if you see CUDA out of memory errors, lower --batch-size",
+    "page retirement recorded": "XID 63 Dynamic Page Retirement: New retired page, reload the "
+    "driver to activate. (0x00000000003f6b43)",
+    "store listening": "[I socket.cpp:500] [c10d] The server socket has started to listen on "
+    "[::]:29500.",
     "tf oom hint": "Hint: If you want to see a list of allocated tensors when OOM happens, add "
     "report_tensor_allocations_upon_oom to RunOptions for current allocation info.",
     "fm non-fatal": "[ERROR] [tid 2311] detected NVSwitch non-fatal error 12028 on fid 0 on "
