@@ -451,6 +451,36 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "rendezvous_error",
         RESTART,
     ),
+    "vllm free memory": (
+        "ValueError: Free memory on device (10.52/79.15 GiB) on startup is less than desired GPU "
+        "memory utilization (0.90, 71.24 GiB).",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "triton driver oom": ("RuntimeError: Triton Error [CUDA]: out of memory", "cuda_oom", NOTIFY),
+    "pycuda oom": (
+        "pycuda._driver.MemoryError: cuMemAlloc failed: out of memory",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "tensorrt oom": (
+        "[TRT] [E] [resizingAllocator.cpp::allocate::78] Error Code 1: Cuda Runtime (out of "
+        "memory)",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "ucx rc retry": (
+        "[gpu-node-4:3639441:0:3639502] rc_verbs_iface.c:63 send completion with error: transport "
+        "retry counter exceeded qpn 0x1a2b wrid 0x3 vendor_err 0x81",
+        "ib_error",
+        RESTART,
+    ),
+    "ucx ud timeout": (
+        "[1700000000.123456] [gpu-node-4:3639441:0]        ud_ep.c:278  Fatal: UD endpoint "
+        "0x5612a4c0 to <no debug data>: unhandled timeout error",
+        "ib_error",
+        RESTART,
+    ),
     "rocm ecc": (
         "RuntimeError: HIP error: hipErrorECCNotCorrectable",
         "gpu_ecc_uncorrectable",
@@ -536,6 +566,8 @@ HEALTHY = {
     "oom retried": "Warning: CUDA out of memory, retrying with smaller batch",
     "oom skipped": "CUDA OOM at step 1200, skipping batch",
     "oom hint": "Tip: if you see CUDA out of memory errors, lower --batch-size",
+    "grpc message size": "grpc._channel._InactiveRpcError: status = StatusCode.RESOURCE_EXHAUSTED, "
+    'details = "Received message larger than max (5242880 vs. 4194304)"',
     "page retirement recorded": "XID 63 Dynamic Page Retirement: New retired page, reload the "
     "driver to activate. (0x00000000003f6b43)",
     "store listening": "[I socket.cpp:500] [c10d] The server socket has started to listen on "
