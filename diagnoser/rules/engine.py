@@ -20,6 +20,7 @@ from diagnoser.rules.assembly import (
     Verdict,
     headless_exception,
     open_block,
+    strip_prefix,
 )
 from diagnoser.rules.events import RuleEvent
 from diagnoser.rules.schema import EXCEPTION_TEMPLATE, Unit
@@ -234,6 +235,9 @@ class JobScanner:
         rules = self.ruleset.rules
         fallbacks: list[CompiledRule] = []
         matched = False
+        # A pattern anchored at the start of a message (`^RuntimeError: Socket Timeout`) also
+        # reads it past a launcher's prefix (`[1,3]<stderr>:`, srun's `3: `, `[rank3]: `).
+        body = strip_prefix(line)
         while bits:
             low = bits & -bits
             bits ^= low
@@ -241,7 +245,7 @@ class JobScanner:
             if rule.spec.fallback:
                 fallbacks.append(rule)
                 continue
-            m = self._search(rule, line)
+            m = self._search_line(rule, line, body)
             if m is not None:
                 event = self._event(rule, m, line, offset, line_no, node, rank, now, {}, ())
                 if event is not None:
@@ -251,7 +255,7 @@ class JobScanner:
         # catch-all still speaks (a lone bus error escalates while it waits for its NCCL frame).
         if not matched and fallbacks_too:
             for rule in fallbacks:
-                m = self._search(rule, line)
+                m = self._search_line(rule, line, body)
                 if m is not None:
                     event = self._event(rule, m, line, offset, line_no, node, rank, now, {}, ())
                     if event is not None:
@@ -292,6 +296,12 @@ class JobScanner:
                 if event is not None:
                     events.append(event)
         return events
+
+    def _search_line(self, rule: CompiledRule, line: str, body: str) -> regex.Match[str] | None:
+        m = self._search(rule, line)
+        if m is None and body is not line:
+            m = self._search(rule, body)
+        return m
 
     def _search(
         self, rule: CompiledRule, text: str, only: regex.Pattern[str] | None = None

@@ -259,3 +259,15 @@ def test_runtime_time_and_srun_prefixes(pack: RuleSet) -> None:
     (event,) = pack.job_scanner().feed("node-1", None, batch, now=5.0)
     assert (event.failure_type, event.rank) == ("ZeroDivisionError", 3)
     assert event.time == 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    "prefix", ["", "[1,3]<stderr>:", "3: ", "[rank3]: ", "[default3]:", "(Worker pid=77) "]
+)
+def test_a_message_anchored_at_its_start_is_read_past_a_launcher_prefix(
+    pack: RuleSet, prefix: str
+) -> None:
+    line = prefix + "RuntimeError: Socket Timeout"
+    (event,) = scan_lines(pack, [line])
+    assert (event.failure_type, event.action) == ("rendezvous_error", Action.RESTART_JOB)
+    assert event.text == line

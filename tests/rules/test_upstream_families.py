@@ -414,6 +414,107 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "shm_exhausted",
         NOTIFY,
     ),
+    # device OOM, NCCL / RCCL, gloo and JAX coordination spellings of other releases
+    "c10 oom in a c++ thread": (
+        "terminate called after throwing an instance of 'c10::OutOfMemoryError'",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "tf graph execution oom": (
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError: Graph execution error:\n"
+        "\nDetected at node 'model/conv2d/Conv2D' defined at (most recent call last):\n"
+        "OOM when allocating tensor with shape[64,128,112,112] and type float on "
+        "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "torch_xla hbm": (
+        "RuntimeError: Resource exhausted: Ran out of memory in memory space hbm. Used 17.5G of "
+        "15.48G hbm.",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "rccl oom": (
+        "gpu-node-2:4411:4470 [0] allocator.cc:76 NCCL WARN HIP failure 'out of memory'",
+        "nccl_cuda_oom",
+        NOTIFY,
+    ),
+    "gloo write error": (
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:575] Write error "
+        "[10.0.0.2]:35112: Broken pipe",
+        "socket_closed",
+        RESTART,
+    ),
+    "xla gloo context": (
+        "jaxlib.xla_extension.XlaRuntimeError: UNKNOWN: Gloo context initialization failed: "
+        "DEADLINE_EXCEEDED: GetKeyValue() timed out with key: cpu:gloo/0,1,2,3/1",
+        "rendezvous_error",
+        RESTART,
+    ),
+    "vllm free memory": (
+        "ValueError: Free memory on device (10.52/79.15 GiB) on startup is less than desired GPU "
+        "memory utilization (0.90, 71.24 GiB).",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "triton driver oom": ("RuntimeError: Triton Error [CUDA]: out of memory", "cuda_oom", NOTIFY),
+    "pycuda oom": (
+        "pycuda._driver.MemoryError: cuMemAlloc failed: out of memory",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "tensorrt oom": (
+        "[TRT] [E] [resizingAllocator.cpp::allocate::78] Error Code 1: Cuda Runtime (out of "
+        "memory)",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "ucx rc retry": (
+        "[gpu-node-4:3639441:0:3639502] rc_verbs_iface.c:63 send completion with error: transport "
+        "retry counter exceeded qpn 0x1a2b wrid 0x3 vendor_err 0x81",
+        "ib_error",
+        RESTART,
+    ),
+    "ucx ud timeout": (
+        "[1700000000.123456] [gpu-node-4:3639441:0]        ud_ep.c:278  Fatal: UD endpoint "
+        "0x5612a4c0 to <no debug data>: unhandled timeout error",
+        "ib_error",
+        RESTART,
+    ),
+    "rocm ecc": (
+        "RuntimeError: HIP error: hipErrorECCNotCorrectable",
+        "gpu_ecc_uncorrectable",
+        CORDON,
+    ),
+    "page retirement failed": (
+        "XID 64 Dynamic Page Retirement: Fatal error, unable to retire page (0x00000000003f6b43)",
+        "gpu_row_remap_failure",
+        CORDON,
+    ),
+    "tcpstore clients 1.x": (
+        "RuntimeError: Timed out after 1800 seconds waiting for clients. 3/4 clients joined.",
+        "rendezvous_error",
+        RESTART,
+    ),
+    "store cannot listen": (
+        "[E socket.cpp:500] [c10d] The server socket has failed to listen on any local network "
+        "address.",
+        "rendezvous_error",
+        Action.ESCALATE,
+    ),
+    "horovodrun exit": (
+        "Horovod detected that one or more processes exited with non-zero status, thus causing "
+        "the job to be terminated. The first process to do so was:",
+        "abnormal_exit",
+        Action.ESCALATE,
+    ),
+    "jax missing heartbeats": (
+        "F0312 08:14:02.551201   40211 client.cc:183] Terminating process because the "
+        "coordinator detected missing heartbeats. This most likely indicates that another task "
+        "died; see the other task logs for more details.",
+        "communicator_aborted",
+        Action.ESCALATE,
+    ),
 }
 
 HEALTHY = {
@@ -465,6 +566,14 @@ HEALTHY = {
     "oom retried": "Warning: CUDA out of memory, retrying with smaller batch",
     "oom skipped": "CUDA OOM at step 1200, skipping batch",
     "oom hint": "Tip: if you see CUDA out of memory errors, lower --batch-size",
+    "grpc message size": "grpc._channel._InactiveRpcError: status = StatusCode.RESOURCE_EXHAUSTED, "
+    'details = "Received message larger than max (5242880 vs. 4194304)"',
+    "page retirement recorded": "XID 63 Dynamic Page Retirement: New retired page, reload the "
+    "driver to activate. (0x00000000003f6b43)",
+    "store listening": "[I socket.cpp:500] [c10d] The server socket has started to listen on "
+    "[::]:29500.",
+    "tf oom hint": "Hint: If you want to see a list of allocated tensors when OOM happens, add "
+    "report_tensor_allocations_upon_oom to RunOptions for current allocation info.",
     "fm non-fatal": "[ERROR] [tid 2311] detected NVSwitch non-fatal error 12028 on fid 0 on "
     "NVSwitch pci bus id 00000000:07:00.0",
 }
