@@ -16,9 +16,10 @@ templates: past `max_templates` the least recently seen template is evicted.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from diagnoser.templates.masking import (
     SENTINEL,
@@ -35,6 +36,9 @@ from diagnoser.templates.masking import (
     words as words_of,
 )
 from diagnoser.templates.model import Slot, TemplateView
+
+_W = TypeVar("_W", str, bytes)
+"""A word as a line holds it (str) or as the coarse skeleton holds it (bytes)."""
 
 _ANY = SENTINEL[Slot.ANY]
 _FINE = bytes.maketrans(b"123456789", b"111111111")
@@ -343,26 +347,21 @@ class TemplateMiner:
         return words
 
     def _mask_coarse(self, found: list[bytes]) -> list[str]:
-        cache = self._by_coarse_word
+        return self._masked(found, self._by_coarse_word, mask_coarse_word)
+
+    def _mask_words(self, line: str) -> list[str]:
+        return self._masked(words_of(line), self._by_word, mask_word)
+
+    def _masked(
+        self, found: Iterable[_W], cache: dict[_W, str], mask: Callable[[_W], str]
+    ) -> list[str]:
+        """Each word's masked form, from `cache` (cleared when full) or `mask`."""
         get = cache.get
         words = []
         for word in found:
             masked = get(word)
             if masked is None:
-                masked = mask_coarse_word(word)
-                if len(cache) >= self.config.cache_entries:
-                    cache.clear()
-                cache[word] = masked
-            words.append(masked)
-        return words
-
-    def _mask_words(self, line: str) -> list[str]:
-        cache = self._by_word
-        words = []
-        for word in words_of(line):
-            masked = cache.get(word)
-            if masked is None:
-                masked = mask_word(word)
+                masked = mask(word)
                 if len(cache) >= self.config.cache_entries:
                     cache.clear()
                 cache[word] = masked

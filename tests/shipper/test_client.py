@@ -175,16 +175,24 @@ def test_a_last_line_without_newline_is_shipped_too(
     assert state.lines == 101
 
 
+def ship_through_four_cuts(
+    server: LogServer, job: str, tmp_path: Path, runs: list[Run]
+) -> tuple[Run, bytes]:
+    """40,000 lines (about 2 MB) shipped through a proxy that cuts four uploads mid-body."""
+    data = log_lines(0, 40_000)
+    path = tmp_path / "train.log"
+    path.write_bytes(data)
+    server.proxy.cut_after(300_000, times=4)
+    run = make_run(runs, server, partial(FileFollower, path, follow=False), job)
+    run.shipper.run()
+    assert server.proxy.cuts == 4
+    return run, data
+
+
 def test_resumes_after_connections_drop_mid_upload_without_loss_or_doubling(
     log_server: LogServer, job: str, tmp_path: Path, runs: list[Run]
 ) -> None:
-    data = log_lines(0, 40_000)  # about 2.5 MiB
-    path = tmp_path / "train.log"
-    path.write_bytes(data)
-    log_server.proxy.cut_after(300_000, times=4)
-    run = make_run(runs, log_server, partial(FileFollower, path, follow=False), job)
-    run.shipper.run()
-    assert log_server.proxy.cuts == 4
+    run, data = ship_through_four_cuts(log_server, job, tmp_path, runs)
     assert run.shipper.progress.stats.retries >= 4
     assert "upload interrupted" in run.output.getvalue()
     assert_stream_is(log_server, job, data)
@@ -204,13 +212,7 @@ def test_counts_the_lines_of_a_cut_upload_committed_after_the_resync(
     # in the receipt, gets the total right.
     assert contract_server.contract is not None
     contract_server.contract.commit_cut_uploads_late()
-    data = log_lines(0, 40_000)
-    path = tmp_path / "train.log"
-    path.write_bytes(data)
-    contract_server.proxy.cut_after(300_000, times=4)
-    run = make_run(runs, contract_server, partial(FileFollower, path, follow=False), job)
-    run.shipper.run()
-    assert contract_server.proxy.cuts == 4
+    run, data = ship_through_four_cuts(contract_server, job, tmp_path, runs)
     assert_stream_is(contract_server, job, data)
     assert run.shipper.progress.stats.lines_accepted == 40_000
     assert "40000 lines accepted" in run.shipper.progress.summary("here")
