@@ -61,6 +61,10 @@ CLASS_RANK: dict[Category, int] = {
 }
 """Lower is stronger root-cause evidence; symptoms sort after all of these."""
 
+KILL_CONTEXT_LINES = 40
+"""How many lines after a host-memory phase (loading weights) a SIGKILL on the same node is
+still read as that phase's: a traceback and a launcher's report fit, a training epoch does not."""
+
 SIGNAL_RULE_PREFIX = "signal."
 """Events read from training numbers (diagnosis/signals.py), not from a rule. They rank with
 fallback rules, a warning (a loss spike) after an error (a NaN loss): a rule that names a
@@ -199,6 +203,10 @@ def correlate(
     else:
         culprits = ()
     action = root.action
+    if (phase := _memory_phase_before(root, events)) is not None:
+        # A SIGKILL is ambiguous (OOM killer, kill -9, eviction) except where the job was
+        # doing nothing but filling host memory: loading weights, before any other output.
+        return _killed_in_memory_phase(root, phase, relevant)
     index = relevant.index(root)
     if index in overridden:
         override = relevant[overridden[index]]
@@ -223,6 +231,46 @@ def correlate(
         source=Source.CORRELATION if (how or len({e.node for e in relevant}) > 1) else Source.RULE,
         rule_ids=tuple(dict.fromkeys(e.rule_id for e in evidence)),
         summary=_summary(root, culprits, action, how),
+        root=root,
+        evidence=evidence,
+    )
+
+
+def _memory_phase_before(root: RuleEvent, events: Sequence[RuleEvent]) -> RuleEvent | None:
+    """The latest host-memory phase (rules: `host_memory_phase`) shortly before a SIGKILL root
+    on the same node, if there is one."""
+    if root.failure_type != "process_killed":
+        return None
+    phases = [
+        e
+        for e in events
+        if e.failure_type == "host_memory_phase"
+        and e.node == root.node
+        and 0 <= root.line_no - e.line_no <= KILL_CONTEXT_LINES
+    ]
+    return max(phases, key=lambda e: e.line_no) if phases else None
+
+
+def _killed_in_memory_phase(
+    root: RuleEvent, phase: RuleEvent, relevant: Sequence[RuleEvent]
+) -> Verdict:
+    """A SIGKILL while loading weights into host memory: the host (or container) ran out of
+    RAM, which the job owner fixes (a larger machine or limit, lower-memory loading)."""
+    culprits = (_culprit_node(root),)
+    how = "inferred: killed while loading weights into host memory"
+    others = [e for e in relevant if e is not root]
+    evidence = _dedupe([root, phase, *others])
+    return Verdict(
+        status=Status.FAILURE,
+        action=Action.NOTIFY_USER,
+        failure_type="host_oom",
+        category=Category.RESOURCE,
+        culprit_nodes=culprits,
+        affected_ranks=tuple(sorted({e.rank for e in relevant if e.rank is not None})),
+        confidence=0.6,
+        source=Source.CORRELATION,
+        rule_ids=tuple(dict.fromkeys(e.rule_id for e in evidence)),
+        summary=f"host_oom on {culprits[0]} ({how}): notify user",
         root=root,
         evidence=evidence,
     )

@@ -98,6 +98,7 @@ FAILURE_TYPES: dict[str, _FT] = {
     "host_oom": (Category.RESOURCE, Action.NOTIFY_USER),
     "dataloader_killed": (Category.RESOURCE, Action.NOTIFY_USER),
     "process_killed": (Category.RESOURCE, Action.ESCALATE),
+    "host_memory_phase": (Category.RESOURCE, Action.NONE),
     "disk_full": (Category.STORAGE, Action.NOTIFY_USER),
     "object_store_error": (Category.STORAGE, Action.RESTART_JOB),
     "nfs_error": (Category.STORAGE, Action.RESTART_JOB),

@@ -161,6 +161,65 @@ def test_a_bare_sigkill_stays_inconclusive(pack: RuleSet) -> None:
     assert verdict.culprit_nodes == ("node-1",)
 
 
+LOADING_SHARDS = "Loading checkpoint shards:  50%|█████     | 1/2 [00:41<00:41, 41.02s/it]"
+VLLM_LOADING = (
+    "Loading safetensors checkpoint shards:  25% Completed | 1/4 [00:02<00:07,  2.53s/it]"
+)
+ACCELERATE_SIGKILL = (
+    "subprocess.CalledProcessError: Command '['/usr/bin/python3', 'train.py']' died with "
+    "<Signals.SIGKILL: 9>."
+)
+
+
+def test_a_sigkill_while_loading_weights_is_a_host_oom(pack: RuleSet) -> None:
+    """transformers loads checkpoint shards into host RAM: a SIGKILL there is the OOM killer's."""
+    lines = [LOADING_SHARDS, "Traceback (most recent call last):",
+             '  File "/usr/local/bin/accelerate", line 8, in <module>',
+             "    sys.exit(main())", ACCELERATE_SIGKILL]  # fmt: skip
+    verdict = diagnose(pack, {"node-0": ["Downloading shards: 100%", *lines]})
+    assert verdict.failure_type == "host_oom"
+    assert verdict.action is Action.NOTIFY_USER
+    assert verdict.category is Category.RESOURCE
+    assert verdict.culprit_nodes == ("node-0",)
+    assert "host_memory_phase_loading_weights" in verdict.rule_ids
+    assert "loading weights" in verdict.summary
+
+
+def test_a_sigkill_after_vllm_weight_loading_is_a_host_oom(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"node-0": [VLLM_LOADING, SIGKILL]})
+    assert verdict.failure_type == "host_oom"
+    assert verdict.action is Action.NOTIFY_USER
+
+
+def test_loading_weights_alone_is_healthy(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"node-0": [LOADING_SHARDS, VLLM_LOADING, "step 1: loss 2.31"]})
+    assert verdict.status is Status.HEALTHY
+
+
+def test_a_sigkill_long_after_loading_stays_inconclusive(pack: RuleSet) -> None:
+    """Once the job has printed a training epoch since loading, the kill is no longer the
+    loader's: who sent it is unknown again."""
+    steps = [f"{{'loss': 1.{i:02d}, 'learning_rate': 2e-05, 'epoch': {i}}}" for i in range(60)]
+    verdict = diagnose(pack, {"node-0": [LOADING_SHARDS, *steps, SIGKILL]})
+    assert verdict.failure_type == "process_killed"
+    assert verdict.action is Action.ESCALATE
+
+
+def test_loading_on_another_node_does_not_explain_a_sigkill(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"node-0": [LOADING_SHARDS], "node-1": [SIGKILL]})
+    assert verdict.failure_type == "process_killed"
+    assert verdict.culprit_nodes == ("node-1",)
+
+
+def test_a_sigkill_the_launcher_calls_out_of_memory_is_a_host_oom(pack: RuleSet) -> None:
+    verdict = diagnose(
+        pack, {"node-0": ["Rank(Worker): 16 caught unknown unhandled exception:",
+                          "return code is -9, maybe OUT OF MEMORY, please check kmon"]}
+    )  # fmt: skip
+    assert verdict.failure_type == "host_oom"
+    assert verdict.action is Action.NOTIFY_USER
+
+
 def test_a_specific_rule_outranks_an_unclassified_traceback(pack: RuleSet) -> None:
     verdict = diagnose(pack, {"node-0": WANDB})
     assert verdict.failure_type == "auxiliary_service_error"
