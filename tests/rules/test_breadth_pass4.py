@@ -109,6 +109,77 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "memlock_limit",
         NOTIFY,
     ),
+    # device memory caught by the framework, which raises its own error
+    "accelerate batch search": (
+        "RuntimeError: No executable batch size found, reached zero.",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    "sglang memory pool": (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+        "cuda_oom",
+        NOTIFY,
+    ),
+    # rendezvous and coordination across runtimes
+    "c10d recv 2.x": (
+        "torch.distributed.DistNetworkError: failed to recv, got 0 bytes",
+        "rendezvous_error",
+        Action.RESTART_JOB,
+    ),
+    "jax grpc unavailable": (
+        "jax.errors.JaxRuntimeError: UNAVAILABLE: Failed to connect to remote host: Connection "
+        "refused",
+        "rendezvous_error",
+        Action.RESTART_JOB,
+    ),
+    "tf grpc socket closed": (
+        "tensorflow.python.framework.errors_impl.UnavailableError: Socket closed",
+        "rendezvous_error",
+        Action.RESTART_JOB,
+    ),
+    "coordination service stopped": (
+        "jaxlib.xla_extension.XlaRuntimeError: INTERNAL: Coordination service has stopped. "
+        "RecordHeartbeat() from task: /job:jax_worker/replica:0/task:2 failed.",
+        "communicator_aborted",
+        ESCALATE,
+    ),
+    "ompi without slurm pmi": (
+        'The application appears to have been direct launched using "srun",\n'
+        "but OMPI was not built with SLURM's PMI support and therefore cannot\nexecute.",
+        "startup_error",
+        NOTIFY,
+    ),
+    # start-up and code the owner must change
+    "mkl threading layer": (
+        "Error: mkl-service + Intel(R) MKL: MKL_THREADING_LAYER=INTEL is incompatible with "
+        "libgomp.so.1 library.",
+        "startup_error",
+        NOTIFY,
+    ),
+    "flash-attention arch": (
+        "RuntimeError: FlashAttention only supports Ampere GPUs or newer.",
+        "startup_error",
+        NOTIFY,
+    ),
+    "ddp unused parameters": (
+        'Traceback (most recent call last):\n  File "/ws/train.py", line 88, in step\n    out = '
+        "model(batch)\nRuntimeError: Expected to have finished reduction in the prior iteration "
+        "before starting a new one.",
+        "RuntimeError",
+        NOTIFY,
+    ),
+    "no process group": (
+        "RuntimeError: Default process group has not been initialized, please make sure to call "
+        "init_process_group.",
+        "RuntimeError",
+        NOTIFY,
+    ),
+    "backward twice": (
+        "RuntimeError: Trying to backward through the graph a second time (or directly access "
+        "saved tensors after they have already been freed).",
+        "RuntimeError",
+        NOTIFY,
+    ),
     # GPU memory outside Xid lines
     "dcgm-exporter volatile dbe": (
         'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="3",UUID="GPU-5fd4",device="nvidia3",modelName="NVIDIA '
@@ -152,6 +223,10 @@ HEALTHY = {
     "gdr probe": "gpu-node-2:1234:1300 [0] NCCL INFO NET/IB : GPU Direct RDMA Enabled for HCA 0 "
     "(ibv_reg_dmabuf_mr supported)",
     "ray spilling": "INFO: object spilling to local disk enabled (utilization threshold 95%)",
+    "ddp unused warning": "[W reducer.cpp:1360] Warning: find_unused_parameters=True was "
+    "specified in DDP constructor, but did not find any unused parameters in the forward pass.",
+    "jax connected": "I0101 12:00:00.000000 1234 client.cc:101] Connected to distributed JAX "
+    "controller",
     "lustre restored": "kernel: Lustre: scratch-OST0004-osc-ffff9a3e7c6f5000: Connection restored "
     "to 10.1.2.14@o2ib (at 10.1.2.14@o2ib)",
 }
