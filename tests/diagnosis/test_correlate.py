@@ -220,6 +220,48 @@ def test_a_sigkill_the_launcher_calls_out_of_memory_is_a_host_oom(pack: RuleSet)
     assert verdict.action is Action.NOTIFY_USER
 
 
+IB_RETRY_EXCEEDED = (
+    "gpu-node-2:1234:1300 [0] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from "
+    "peer 10.0.0.2<59402> with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) reqSize=0 "
+    "vendor_err=129 req_type=Send localGid ::ffff:10.0.0.1 remoteGids ::ffff:10.0.0.2 hca mlx5_3"
+)
+
+
+def child_failed(exitcode: str, traceback: str) -> list[str]:
+    return [
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        "============================================================",
+        "train.py FAILED",
+        "------------------------------------------------------------",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2024-08-01_13:23:20",
+        "  host      : gpu-node-2",
+        "  rank      : 3 (local_rank: 3)",
+        f"  exitcode  : {exitcode} (pid: 33054)",
+        "  error_file: <N/A>",
+        f"  traceback : {traceback}",
+        "============================================================",
+    ]
+
+
+def test_the_launchers_failure_summary_is_explained_by_the_workers_network_error(
+    pack: RuleSet,
+) -> None:
+    """torchrun's root-cause block says which worker failed first, not why: the IB completion
+    error that worker printed is the verdict (a restart), not an escalation of the summary."""
+    lines = [IB_RETRY_EXCEEDED, *child_failed("-6", "Signal 6 (SIGABRT) received by PID 33054")]
+    verdict = diagnose(pack, {"node-0": lines})
+    assert (verdict.failure_type, verdict.action) == ("ib_error", Action.RESTART_JOB)
+    assert "torchrun_root_cause_failed" in verdict.rule_ids
+
+
+def test_the_launchers_failure_summary_alone_still_escalates(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"launcher": child_failed("1", "To enable traceback see: docs")})
+    assert (verdict.failure_type, verdict.action) == ("worker_process_failed", Action.ESCALATE)
+    assert verdict.culprit_nodes == ("gpu-node-2",)
+
+
 def test_a_specific_rule_outranks_an_unclassified_traceback(pack: RuleSet) -> None:
     verdict = diagnose(pack, {"node-0": WANDB})
     assert verdict.failure_type == "auxiliary_service_error"
