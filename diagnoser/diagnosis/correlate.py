@@ -176,6 +176,7 @@ def correlate(
         return HEALTHY
     relevant.sort(key=lambda e: (e.time, e.node, e.offset))
     relations = relate(relevant, ruleset)
+    _own_errors_are_not_echoes(relevant, relations.symptom_of)
     overridden = relations.overridden_by
     roots = [e for i, e in enumerate(relevant) if i not in relations.symptom_of]
     fallbacks = frozenset(rule.id for rule in ruleset.rules if rule.spec.fallback)
@@ -234,6 +235,24 @@ def correlate(
         root=root,
         evidence=evidence,
     )
+
+
+LAUNCHER_SUMMARY = "worker_process_failed"
+"""torchrun's root-cause block for a worker that exited non-zero: it names the failed host."""
+
+
+def _own_errors_are_not_echoes(events: Sequence[RuleEvent], symptom_of: dict[int, int]) -> None:
+    """A NCCL timeout or network error is declared a symptom of a failed worker (the rank that
+    died first takes the others' collectives down), but not of its own worker: an error printed
+    on the host the launcher's summary names, or in the same log, is why that worker exited.
+    Those links are dropped, so the worker's own error is the root and the summary its echo."""
+    for i, target in list(symptom_of.items()):
+        summary = events[target]
+        if summary.failure_type != LAUNCHER_SUMMARY:
+            continue
+        event = events[i]
+        if event.node in (summary.node, summary.entities.get("host")):
+            del symptom_of[i]
 
 
 def _memory_phase_before(root: RuleEvent, events: Sequence[RuleEvent]) -> RuleEvent | None:

@@ -256,6 +256,33 @@ def test_the_launchers_failure_summary_is_explained_by_the_workers_network_error
     assert "torchrun_root_cause_failed" in verdict.rule_ids
 
 
+REMOTE_ERROR = [
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+    "NCCLUtils.hpp:317, remote process exited or there was a network error, NCCL version 2.20.5",
+    "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+    "prematurely.",
+    "Last error:",
+    "socketProgressOpt: Call to recv from 10.0.0.2<45678> failed : Connection reset by peer",
+]
+
+
+def test_a_workers_own_nccl_error_is_not_an_echo_of_its_exit(pack: RuleSet) -> None:
+    """The NCCL rules call a timeout or remote error a symptom of a failed worker, which holds
+    for the other ranks; the failed worker's own error, in its own log, is why it exited."""
+    lines = [*REMOTE_ERROR, *child_failed("1", "To enable traceback see: docs")]
+    verdict = diagnose(pack, {"node-0": lines})
+    assert (verdict.failure_type, verdict.action) == ("nccl_remote_error", Action.RESTART_JOB)
+    assert verdict.category is Category.NETWORK
+
+
+def test_timeouts_elsewhere_stay_echoes_of_the_failed_worker(pack: RuleSet) -> None:
+    logs = {"launcher": child_failed("1", "To enable traceback see: docs"),
+            "gpu-node-5": [timeout(40), timeout(41)]}  # fmt: skip
+    verdict = diagnose(pack, logs)
+    assert (verdict.failure_type, verdict.action) == ("worker_process_failed", Action.ESCALATE)
+    assert verdict.culprit_nodes == ("gpu-node-2",)
+
+
 def test_the_launchers_failure_summary_alone_still_escalates(pack: RuleSet) -> None:
     verdict = diagnose(pack, {"launcher": child_failed("1", "To enable traceback see: docs")})
     assert (verdict.failure_type, verdict.action) == ("worker_process_failed", Action.ESCALATE)
