@@ -55,6 +55,9 @@ class Unit(StrEnum):
     """The summary `exitcode=N signal=NAME` of a torchrun ChildFailedError root cause."""
     NCCL_ERROR = "nccl_error"
     """The lines of one NCCL error report (headline, ncclXxxError, `Last error:` detail)."""
+    ECC_SECTION = "ecc_section"
+    """The counters of an `nvidia-smi -q` ECC section under its `Double Bit` header (the
+    pre-R450 layout, where a count's meaning is in the header above it), as `Field: value`."""
 
 
 _FT = tuple[Category, Action]

@@ -205,7 +205,45 @@ FAILING: dict[str, tuple[str, str, Action]] = {
     ),
 }
 
+
+def _ecc_section(header: str, count: int) -> str:
+    rows = ("Device Memory", "Register File", "L1 Cache", "L2 Cache", "CBU", "Total")
+    counted = ("Device Memory", "Total")
+    fields = "\n".join(
+        f"                {row:<26}: {count if row in counted else 0}" for row in rows
+    )
+    return f"            {header}            \n{fields}"
+
+
+def _ecc_report(volatile_dbe: int, aggregate_sbe: int, aggregate_dbe: int) -> str:
+    """The pre-R450 `nvidia-smi -q` ECC Errors section, as drivers for Kepler to Volta print it."""
+    return "\n".join(
+        [
+            "    ECC Errors",
+            "        Volatile",
+            _ecc_section("Single Bit", 0),
+            _ecc_section("Double Bit", volatile_dbe),
+            "        Aggregate",
+            _ecc_section("Single Bit", aggregate_sbe),
+            _ecc_section("Double Bit", aggregate_dbe),
+            "    Retired Pages",
+            "        Single Bit ECC                    : 0",
+            "        Double Bit ECC                    : 0",
+            "    Temperature",
+            "        GPU Current Temp                  : 34 C",
+        ]
+    )
+
+
+FAILING["pre-R450 nvidia-smi double-bit count"] = (
+    _ecc_report(2, 0, 2),
+    "gpu_ecc_uncorrectable",
+    CORDON,
+)
+
 HEALTHY = {
+    "pre-R450 nvidia-smi single-bit only": _ecc_report(0, 5, 0),
+    "pre-R450 nvidia-smi clean": _ecc_report(0, 0, 0),
     "oom reaper alone": "oom_reaper: reaped process 15784 (python3), now anon-rss:0kB, "
     "file-rss:0kB, shmem-rss:0kB",
     "pbs walltime": "=>> PBS: job killed: walltime 3650 exceeded limit 3600",
