@@ -61,6 +61,10 @@ CLASS_RANK: dict[Category, int] = {
 }
 """Lower is stronger root-cause evidence; symptoms sort after all of these."""
 
+KILL_CONTEXT_LINES = 40
+"""How many lines after a host-memory phase (loading weights) a SIGKILL on the same node is
+still read as that phase's: a traceback and a launcher's report fit, a training epoch does not."""
+
 SIGNAL_RULE_PREFIX = "signal."
 """Events read from training numbers (diagnosis/signals.py), not from a rule. They rank with
 fallback rules, a warning (a loss spike) after an error (a NaN loss): a rule that names a
@@ -172,6 +176,7 @@ def correlate(
         return HEALTHY
     relevant.sort(key=lambda e: (e.time, e.node, e.offset))
     relations = relate(relevant, ruleset)
+    _own_errors_are_not_echoes(relevant, relations.symptom_of)
     overridden = relations.overridden_by
     roots = [e for i, e in enumerate(relevant) if i not in relations.symptom_of]
     fallbacks = frozenset(rule.id for rule in ruleset.rules if rule.spec.fallback)
@@ -199,6 +204,10 @@ def correlate(
     else:
         culprits = ()
     action = root.action
+    if (phase := _memory_phase_before(root, events)) is not None:
+        # A SIGKILL is ambiguous (OOM killer, kill -9, eviction) except where the job was
+        # doing nothing but filling host memory: loading weights, before any other output.
+        return _killed_in_memory_phase(root, phase, relevant)
     index = relevant.index(root)
     if index in overridden:
         override = relevant[overridden[index]]
@@ -223,6 +232,64 @@ def correlate(
         source=Source.CORRELATION if (how or len({e.node for e in relevant}) > 1) else Source.RULE,
         rule_ids=tuple(dict.fromkeys(e.rule_id for e in evidence)),
         summary=_summary(root, culprits, action, how),
+        root=root,
+        evidence=evidence,
+    )
+
+
+LAUNCHER_SUMMARY = "worker_process_failed"
+"""torchrun's root-cause block for a worker that exited non-zero: it names the failed host."""
+
+
+def _own_errors_are_not_echoes(events: Sequence[RuleEvent], symptom_of: dict[int, int]) -> None:
+    """A NCCL timeout or network error is declared a symptom of a failed worker (the rank that
+    died first takes the others' collectives down), but not of its own worker: an error printed
+    on the host the launcher's summary names, or in the same log, is why that worker exited.
+    Those links are dropped, so the worker's own error is the root and the summary its echo."""
+    for i, target in list(symptom_of.items()):
+        summary = events[target]
+        if summary.failure_type != LAUNCHER_SUMMARY:
+            continue
+        event = events[i]
+        if event.node in (summary.node, summary.entities.get("host")):
+            del symptom_of[i]
+
+
+def _memory_phase_before(root: RuleEvent, events: Sequence[RuleEvent]) -> RuleEvent | None:
+    """The latest host-memory phase (rules: `host_memory_phase`) shortly before a SIGKILL root
+    on the same node, if there is one."""
+    if root.failure_type != "process_killed":
+        return None
+    phases = [
+        e
+        for e in events
+        if e.failure_type == "host_memory_phase"
+        and e.node == root.node
+        and 0 <= root.line_no - e.line_no <= KILL_CONTEXT_LINES
+    ]
+    return max(phases, key=lambda e: e.line_no) if phases else None
+
+
+def _killed_in_memory_phase(
+    root: RuleEvent, phase: RuleEvent, relevant: Sequence[RuleEvent]
+) -> Verdict:
+    """A SIGKILL while loading weights into host memory: the host (or container) ran out of
+    RAM, which the job owner fixes (a larger machine or limit, lower-memory loading)."""
+    culprits = (_culprit_node(root),)
+    how = "inferred: killed while loading weights into host memory"
+    others = [e for e in relevant if e is not root]
+    evidence = _dedupe([root, phase, *others])
+    return Verdict(
+        status=Status.FAILURE,
+        action=Action.NOTIFY_USER,
+        failure_type="host_oom",
+        category=Category.RESOURCE,
+        culprit_nodes=culprits,
+        affected_ranks=tuple(sorted({e.rank for e in relevant if e.rank is not None})),
+        confidence=0.6,
+        source=Source.CORRELATION,
+        rule_ids=tuple(dict.fromkeys(e.rule_id for e in evidence)),
+        summary=f"host_oom on {culprits[0]} ({how}): notify user",
         root=root,
         evidence=evidence,
     )

@@ -31,6 +31,7 @@ TRIGGERS: dict[Unit, tuple[str, ...]] = {
         "remote process exited or there was a network error",
         "internal error - please report this issue",
     ),
+    Unit.ECC_SECTION: ("Double Bit",),
 }
 """Literal anchors that open a block, fed to the prefilter next to the rules' anchors."""
 
@@ -58,11 +59,14 @@ _FIELD = regex.compile(r"^\s*(?P<key>\w+)\s*:\s*(?P<value>.*?)\s*$")
 _SIGNAL_TEXT = regex.compile(r"\b(SIG[A-Z0-9]+)\b")
 _NCCL_CONTINUATION = regex.compile(r"^\s*(?:nccl[A-Z]\w*:|Last error:)")
 _NCCL_VERSION = regex.compile(r"NCCL version (?P<v>[\d.]+\S*)")
+_ECC_HEADER = regex.compile(r"^\s*Double Bit\s*$")
+_ECC_FIELD = regex.compile(r"^\s+(?P<key>[A-Z][A-Za-z0-9 ]*?)\s*:\s*(?P<value>\S.*?)\s*$")
 
 MAX_TRACEBACK_LINES = 400
 MAX_TRACEBACK_NOISE = 20
 MAX_CHILD_FAILED_LINES = 200
 MAX_NCCL_LINES = 12
+MAX_ECC_SECTION_LINES = 12
 
 
 def strip_prefix(line: str) -> str:
@@ -271,6 +275,37 @@ class NcclErrorAssembler(Assembler):
         )
 
 
+@dataclass(slots=True)
+class EccSectionAssembler(Assembler):
+    """`nvidia-smi -q` before R450 prints its ECC counts in sections: `Volatile` / `Aggregate`,
+    then `Single Bit` / `Double Bit`, then `Device Memory : 2`, ..., `Total : 2`. A count means
+    an uncorrectable error only under `Double Bit`, which a line rule cannot see; this block
+    holds the fields under that header, up to the next header. Any other line holding the
+    trigger (`Double Bit ECC : 0` in Retired Pages) opens nothing that finishes."""
+
+    def offer(self, line: str, offset: int, line_no: int) -> Verdict:
+        if len(self.lines) > MAX_ECC_SECTION_LINES or not _ECC_HEADER.match(self.lines[0]):
+            return Verdict.CLOSE_WITHOUT
+        if _ECC_FIELD.match(line):
+            self.lines.append(line)
+            return Verdict.CONTINUE
+        return Verdict.CLOSE_WITHOUT
+
+    def finish(self) -> Block | None:
+        fields = [m for ln in self.lines[1:] if (m := _ECC_FIELD.match(ln)) is not None]
+        if not _ECC_HEADER.match(self.lines[0]) or not fields:
+            return None
+        return Block(
+            unit=self.unit,
+            text="\n".join(f"{m['key']}: {m['value']}" for m in fields),
+            lines=self.lines,
+            entities={"section": "Double Bit"},
+            offset=self.offset,
+            line_no=self.line_no,
+            evidence=tuple(self.lines),
+        )
+
+
 def headless_exception(line: str, offset: int, line_no: int) -> Block | None:
     """The last line of a traceback whose header never arrived, as a one-line traceback block.
 
@@ -307,6 +342,7 @@ _KINDS: dict[Unit, type[Assembler]] = {
     Unit.TRACEBACK: TracebackAssembler,
     Unit.CHILD_FAILED: ChildFailedAssembler,
     Unit.NCCL_ERROR: NcclErrorAssembler,
+    Unit.ECC_SECTION: EccSectionAssembler,
 }
 
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 _TIMESTAMP = regex.compile(
     r"(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,6})\d*)?\s?(Z|[+-]\d{2}:?\d{2})?"
 )
-_TRIGGER_ORDER = (Unit.CHILD_FAILED, Unit.NCCL_ERROR, Unit.TRACEBACK)
+_TRIGGER_ORDER = (Unit.CHILD_FAILED, Unit.NCCL_ERROR, Unit.TRACEBACK, Unit.ECC_SECTION)
 
 StreamKey = tuple[str, int | None]
 

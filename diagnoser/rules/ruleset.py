@@ -29,6 +29,7 @@ _BLOCK_ENTITIES: dict[Unit, frozenset[str]] = {
         {"host", "rank", "local_rank", "exitcode", "pid", "signal", "failed_at", "script"}
     ),
     Unit.NCCL_ERROR: frozenset({"last_error", "nccl_version"}),
+    Unit.ECC_SECTION: frozenset({"section"}),
 }
 
 

@@ -55,6 +55,9 @@ class Unit(StrEnum):
     """The summary `exitcode=N signal=NAME` of a torchrun ChildFailedError root cause."""
     NCCL_ERROR = "nccl_error"
     """The lines of one NCCL error report (headline, ncclXxxError, `Last error:` detail)."""
+    ECC_SECTION = "ecc_section"
+    """The counters of an `nvidia-smi -q` ECC section under its `Double Bit` header (the
+    pre-R450 layout, where a count's meaning is in the header above it), as `Field: value`."""
 
 
 _FT = tuple[Category, Action]
@@ -90,6 +93,7 @@ FAILURE_TYPES: dict[str, _FT] = {
     "nccl_shm_error": (Category.RESOURCE, Action.NOTIFY_USER),
     "shm_exhausted": (Category.RESOURCE, Action.NOTIFY_USER),
     "too_many_open_files": (Category.RESOURCE, Action.NOTIFY_USER),
+    "memlock_limit": (Category.RESOURCE, Action.NOTIFY_USER),
     "ephemeral_storage_eviction": (Category.RESOURCE, Action.NOTIFY_USER),
     "time_limit": (Category.RESOURCE, Action.NOTIFY_USER),
     "unschedulable": (Category.RESOURCE, Action.NOTIFY_USER),
@@ -98,6 +102,7 @@ FAILURE_TYPES: dict[str, _FT] = {
     "host_oom": (Category.RESOURCE, Action.NOTIFY_USER),
     "dataloader_killed": (Category.RESOURCE, Action.NOTIFY_USER),
     "process_killed": (Category.RESOURCE, Action.ESCALATE),
+    "host_memory_phase": (Category.RESOURCE, Action.NONE),
     "disk_full": (Category.STORAGE, Action.NOTIFY_USER),
     "object_store_error": (Category.STORAGE, Action.RESTART_JOB),
     "nfs_error": (Category.STORAGE, Action.RESTART_JOB),

@@ -242,7 +242,7 @@ class Guard:
         return out
 
 
-_TRIGGER_ORDER = (Unit.CHILD_FAILED, Unit.NCCL_ERROR, Unit.TRACEBACK)
+_TRIGGER_ORDER = (Unit.CHILD_FAILED, Unit.NCCL_ERROR, Unit.TRACEBACK, Unit.ECC_SECTION)
 
 
 def _trigger(line: str) -> Unit | None:

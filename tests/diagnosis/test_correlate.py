@@ -161,6 +161,134 @@ def test_a_bare_sigkill_stays_inconclusive(pack: RuleSet) -> None:
     assert verdict.culprit_nodes == ("node-1",)
 
 
+LOADING_SHARDS = "Loading checkpoint shards:  50%|█████     | 1/2 [00:41<00:41, 41.02s/it]"
+VLLM_LOADING = (
+    "Loading safetensors checkpoint shards:  25% Completed | 1/4 [00:02<00:07,  2.53s/it]"
+)
+ACCELERATE_SIGKILL = (
+    "subprocess.CalledProcessError: Command '['/usr/bin/python3', 'train.py']' died with "
+    "<Signals.SIGKILL: 9>."
+)
+
+
+def test_a_sigkill_while_loading_weights_is_a_host_oom(pack: RuleSet) -> None:
+    """transformers loads checkpoint shards into host RAM: a SIGKILL there is the OOM killer's."""
+    lines = [LOADING_SHARDS, "Traceback (most recent call last):",
+             '  File "/usr/local/bin/accelerate", line 8, in <module>',
+             "    sys.exit(main())", ACCELERATE_SIGKILL]  # fmt: skip
+    verdict = diagnose(pack, {"node-0": ["Downloading shards: 100%", *lines]})
+    assert verdict.failure_type == "host_oom"
+    assert verdict.action is Action.NOTIFY_USER
+    assert verdict.category is Category.RESOURCE
+    assert verdict.culprit_nodes == ("node-0",)
+    assert "host_memory_phase_loading_weights" in verdict.rule_ids
+    assert "loading weights" in verdict.summary
+
+
+def test_a_sigkill_after_vllm_weight_loading_is_a_host_oom(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"node-0": [VLLM_LOADING, SIGKILL]})
+    assert verdict.failure_type == "host_oom"
+    assert verdict.action is Action.NOTIFY_USER
+
+
+def test_loading_weights_alone_is_healthy(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"node-0": [LOADING_SHARDS, VLLM_LOADING, "step 1: loss 2.31"]})
+    assert verdict.status is Status.HEALTHY
+
+
+def test_a_sigkill_long_after_loading_stays_inconclusive(pack: RuleSet) -> None:
+    """Once the job has printed a training epoch since loading, the kill is no longer the
+    loader's: who sent it is unknown again."""
+    steps = [f"{{'loss': 1.{i:02d}, 'learning_rate': 2e-05, 'epoch': {i}}}" for i in range(60)]
+    verdict = diagnose(pack, {"node-0": [LOADING_SHARDS, *steps, SIGKILL]})
+    assert verdict.failure_type == "process_killed"
+    assert verdict.action is Action.ESCALATE
+
+
+def test_loading_on_another_node_does_not_explain_a_sigkill(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"node-0": [LOADING_SHARDS], "node-1": [SIGKILL]})
+    assert verdict.failure_type == "process_killed"
+    assert verdict.culprit_nodes == ("node-1",)
+
+
+def test_a_sigkill_the_launcher_calls_out_of_memory_is_a_host_oom(pack: RuleSet) -> None:
+    verdict = diagnose(
+        pack, {"node-0": ["Rank(Worker): 16 caught unknown unhandled exception:",
+                          "return code is -9, maybe OUT OF MEMORY, please check kmon"]}
+    )  # fmt: skip
+    assert verdict.failure_type == "host_oom"
+    assert verdict.action is Action.NOTIFY_USER
+
+
+IB_RETRY_EXCEEDED = (
+    "gpu-node-2:1234:1300 [0] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from "
+    "peer 10.0.0.2<59402> with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) reqSize=0 "
+    "vendor_err=129 req_type=Send localGid ::ffff:10.0.0.1 remoteGids ::ffff:10.0.0.2 hca mlx5_3"
+)
+
+
+def child_failed(exitcode: str, traceback: str) -> list[str]:
+    return [
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        "============================================================",
+        "train.py FAILED",
+        "------------------------------------------------------------",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2024-08-01_13:23:20",
+        "  host      : gpu-node-2",
+        "  rank      : 3 (local_rank: 3)",
+        f"  exitcode  : {exitcode} (pid: 33054)",
+        "  error_file: <N/A>",
+        f"  traceback : {traceback}",
+        "============================================================",
+    ]
+
+
+def test_the_launchers_failure_summary_is_explained_by_the_workers_network_error(
+    pack: RuleSet,
+) -> None:
+    """torchrun's root-cause block says which worker failed first, not why: the IB completion
+    error that worker printed is the verdict (a restart), not an escalation of the summary."""
+    lines = [IB_RETRY_EXCEEDED, *child_failed("-6", "Signal 6 (SIGABRT) received by PID 33054")]
+    verdict = diagnose(pack, {"node-0": lines})
+    assert (verdict.failure_type, verdict.action) == ("ib_error", Action.RESTART_JOB)
+    assert "torchrun_root_cause_failed" in verdict.rule_ids
+
+
+REMOTE_ERROR = [
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+    "NCCLUtils.hpp:317, remote process exited or there was a network error, NCCL version 2.20.5",
+    "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+    "prematurely.",
+    "Last error:",
+    "socketProgressOpt: Call to recv from 10.0.0.2<45678> failed : Connection reset by peer",
+]
+
+
+def test_a_workers_own_nccl_error_is_not_an_echo_of_its_exit(pack: RuleSet) -> None:
+    """The NCCL rules call a timeout or remote error a symptom of a failed worker, which holds
+    for the other ranks; the failed worker's own error, in its own log, is why it exited."""
+    lines = [*REMOTE_ERROR, *child_failed("1", "To enable traceback see: docs")]
+    verdict = diagnose(pack, {"node-0": lines})
+    assert (verdict.failure_type, verdict.action) == ("nccl_remote_error", Action.RESTART_JOB)
+    assert verdict.category is Category.NETWORK
+
+
+def test_timeouts_elsewhere_stay_echoes_of_the_failed_worker(pack: RuleSet) -> None:
+    logs = {"launcher": child_failed("1", "To enable traceback see: docs"),
+            "gpu-node-5": [timeout(40), timeout(41)]}  # fmt: skip
+    verdict = diagnose(pack, logs)
+    assert (verdict.failure_type, verdict.action) == ("worker_process_failed", Action.ESCALATE)
+    assert verdict.culprit_nodes == ("gpu-node-2",)
+
+
+def test_the_launchers_failure_summary_alone_still_escalates(pack: RuleSet) -> None:
+    verdict = diagnose(pack, {"launcher": child_failed("1", "To enable traceback see: docs")})
+    assert (verdict.failure_type, verdict.action) == ("worker_process_failed", Action.ESCALATE)
+    assert verdict.culprit_nodes == ("gpu-node-2",)
+
+
 def test_a_specific_rule_outranks_an_unclassified_traceback(pack: RuleSet) -> None:
     verdict = diagnose(pack, {"node-0": WANDB})
     assert verdict.failure_type == "auxiliary_service_error"
