@@ -64,7 +64,6 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         NOTIFY,
     ),
     "colab ram": ("Your session crashed after using all available RAM.", "host_oom", NOTIFY),
-    "bare killed in markdown": ("**Killed**", "process_killed", ESCALATE),
     # storage: a full disk or quota, whichever layer reports it
     "torch zip writer position": (
         "RuntimeError: [enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598",
