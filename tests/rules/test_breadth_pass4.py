@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.diagnosis.correlate import Status, Verdict
-from diagnoser.diagnosis.offline import diagnose, node_logs
+from diagnoser.diagnosis.correlate import Status
 from diagnoser.rules import Action, RuleSet
+from tests.rules.families import assert_family_verdict, assert_healthy, verdict_of
 
 STEPS = "".join(
     f"{{'loss': 2.{i:02d}, 'grad_norm': 1.3, 'learning_rate': 2e-05, 'epoch': 0.0{i}}}\n"
@@ -269,30 +269,18 @@ HEALTHY = {
 }
 
 
-def verdict_of(pack: RuleSet, tmp_path: Path, *texts: str) -> Verdict:
-    paths = []
-    for i, text in enumerate(texts):
-        path = tmp_path / f"node-{i}.log"
-        path.write_text(STEPS + text + "\n", encoding="utf-8")
-        paths.append(path)
-    return diagnose(node_logs(paths), pack).verdict
-
-
 @pytest.mark.parametrize(("text", "failure_type", "action"), FAILING.values(), ids=list(FAILING))
 def test_an_upstream_spelling_gets_its_family_verdict(
     pack: RuleSet, tmp_path: Path, text: str, failure_type: str, action: Action
 ) -> None:
-    verdict = verdict_of(pack, tmp_path, text)
-    assert (verdict.failure_type, verdict.action) == (failure_type, action)
-    if action is CORDON:
-        assert verdict.culprit_nodes == ("node-0",)
+    assert_family_verdict(verdict_of(pack, tmp_path, STEPS, text), failure_type, action)
 
 
 @pytest.mark.parametrize("text", HEALTHY.values(), ids=list(HEALTHY))
 def test_the_harmless_neighbours_of_those_reports_stay_healthy(
     pack: RuleSet, tmp_path: Path, text: str
 ) -> None:
-    assert verdict_of(pack, tmp_path, text).status is Status.HEALTHY
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
 
 
 LOADING = (
@@ -304,7 +292,7 @@ LOADING = (
 def test_a_sigkill_while_loading_shards_is_a_host_oom(pack: RuleSet, tmp_path: Path) -> None:
     """The DeepSpeed launcher's -9 right after transformers' shard bar: the OOM killer's work."""
     text = LOADING + "\n[ERROR] [launch.py:325:sigkill_handler] exits with return code = -9"
-    verdict = verdict_of(pack, tmp_path, text)
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
     assert (verdict.failure_type, verdict.action) == ("host_oom", NOTIFY)
     assert verdict.status is Status.FAILURE
     assert verdict.culprit_nodes == ("node-0",)
@@ -318,7 +306,7 @@ def test_a_torchrun_sigkill_while_vllm_loads_weights_is_a_host_oom(
         "E0325 20:57:27.620000 2606 torch/distributed/elastic/multiprocessing/api.py:869] failed "
         "(exitcode: -9) local_rank: 0 (pid: 2630) of binary: /usr/bin/python3"
     )
-    verdict = verdict_of(pack, tmp_path, text)
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
     assert (verdict.failure_type, verdict.action) == ("host_oom", NOTIFY)
 
 
@@ -335,5 +323,5 @@ def test_a_sigkill_mid_training_after_loading_stays_an_escalation(
         + steps
         + "\n[ERROR] [launch.py:325:sigkill_handler] exits with return code = -9"
     )
-    verdict = verdict_of(pack, tmp_path, text)
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
     assert (verdict.failure_type, verdict.action) == ("process_killed", ESCALATE)

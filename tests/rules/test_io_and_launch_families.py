@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.diagnosis.correlate import Status, Verdict
-from diagnoser.diagnosis.offline import diagnose, node_logs
 from diagnoser.rules import Action, RuleSet
+from tests.rules.families import assert_family_verdict, assert_healthy, verdict_of
 
 STEPS = "".join(f"step {i:>5} | loss 2.41 | lr 3.0e-04 | 412 tokens/s\n" for i in range(1, 4))
 
@@ -197,38 +196,27 @@ HEALTHY = {
 }
 
 
-def verdict_of(pack: RuleSet, tmp_path: Path, text: str) -> Verdict:
-    path = tmp_path / "node-0.log"
-    path.write_text(STEPS + text + "\n", encoding="utf-8")
-    return diagnose(node_logs([path]), pack).verdict
-
-
 @pytest.mark.parametrize(("line", "failure_type", "action"), FAILING.values(), ids=list(FAILING))
 def test_each_spelling_gets_its_family_verdict(
     pack: RuleSet, tmp_path: Path, line: str, failure_type: str, action: Action
 ) -> None:
-    verdict = verdict_of(pack, tmp_path, line)
-    assert (verdict.failure_type, verdict.action) == (failure_type, action)
+    assert_family_verdict(verdict_of(pack, tmp_path, STEPS, line), failure_type, action)
 
 
 @pytest.mark.parametrize("text", HEALTHY.values(), ids=list(HEALTHY))
 def test_the_harmless_neighbours_stay_healthy(pack: RuleSet, tmp_path: Path, text: str) -> None:
-    assert verdict_of(pack, tmp_path, text).status is Status.HEALTHY
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
 
 
 def test_a_peer_failure_echo_yields_to_the_failure_it_echoes(pack: RuleSet, tmp_path: Path) -> None:
     """Horovod's shutdown on a surviving rank is a symptom: the other rank's error decides."""
-    first = tmp_path / "node-0.log"
-    first.write_text(
-        STEPS + "OSError: [Errno 28] No space left on device: '/ckpt/step_300/model.pt'\n",
-        encoding="utf-8",
-    )
-    second = tmp_path / "node-1.log"
-    second.write_text(
-        STEPS + "horovod.common.exceptions.HorovodInternalError: Horovod has been shut down. "
+    verdict = verdict_of(
+        pack,
+        tmp_path,
+        STEPS,
+        "OSError: [Errno 28] No space left on device: '/ckpt/step_300/model.pt'",
+        "horovod.common.exceptions.HorovodInternalError: Horovod has been shut down. "
         "This was caused by an exception on one of the ranks or an attempt to allreduce, "
-        "allgather or broadcast a tensor after one of the ranks finished execution.\n",
-        encoding="utf-8",
+        "allgather or broadcast a tensor after one of the ranks finished execution.",
     )
-    verdict = diagnose(node_logs([first, second]), pack).verdict
     assert (verdict.failure_type, verdict.action) == ("disk_full", NOTIFY)

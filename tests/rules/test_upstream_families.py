@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.diagnosis.correlate import Status, Verdict
-from diagnoser.diagnosis.offline import diagnose, node_logs
 from diagnoser.rules import Action, RuleSet
+from tests.rules.families import assert_family_verdict, assert_healthy, verdict_of
 
 STEPS = "".join(
     f" iteration {i:>6}/  500000 | consumed samples: {i * 128:>10} | lm loss: 2.41E+00 |\n"
@@ -587,34 +586,22 @@ def test_megatron_nan_iterations_on_several_progress_lines_are_a_nan_loss(
         "number of nan iterations:   1 |"
         for i in (100, 110, 120)
     )
-    verdict = verdict_of(pack, tmp_path, lines)
+    verdict = verdict_of(pack, tmp_path, STEPS, lines)
     assert (verdict.failure_type, verdict.action) == ("nan_loss", NOTIFY)
-
-
-def verdict_of(pack: RuleSet, tmp_path: Path, *texts: str) -> Verdict:
-    paths = []
-    for i, text in enumerate(texts):
-        path = tmp_path / f"node-{i}.log"
-        path.write_text(STEPS + text + "\n", encoding="utf-8")
-        paths.append(path)
-    return diagnose(node_logs(paths), pack).verdict
 
 
 @pytest.mark.parametrize(("line", "failure_type", "action"), FAILING.values(), ids=list(FAILING))
 def test_an_upstream_spelling_gets_its_family_verdict(
     pack: RuleSet, tmp_path: Path, line: str, failure_type: str, action: Action
 ) -> None:
-    verdict = verdict_of(pack, tmp_path, line)
-    assert (verdict.failure_type, verdict.action) == (failure_type, action)
-    if action is CORDON:
-        assert verdict.culprit_nodes == ("node-0",)
+    assert_family_verdict(verdict_of(pack, tmp_path, STEPS, line), failure_type, action)
 
 
 @pytest.mark.parametrize("text", HEALTHY.values(), ids=list(HEALTHY))
 def test_the_harmless_neighbours_of_those_reports_stay_healthy(
     pack: RuleSet, tmp_path: Path, text: str
 ) -> None:
-    assert verdict_of(pack, tmp_path, text).status is Status.HEALTHY
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
 
 
 def _port_error(pid: int, dev: int) -> str:
@@ -635,7 +622,7 @@ def test_a_port_error_on_every_rank_of_one_host_cordons_that_host(
     pack: RuleSet, tmp_path: Path
 ) -> None:
     host = "\n".join(_port_error(40211 + i, i) for i in range(4))
-    verdict = verdict_of(pack, tmp_path, PEER_ERROR, host)
+    verdict = verdict_of(pack, tmp_path, STEPS, PEER_ERROR, host)
     assert (verdict.failure_type, verdict.action) == ("ib_host_fault", CORDON)
     assert verdict.culprit_nodes == ("node-1",)
 
@@ -643,14 +630,14 @@ def test_a_port_error_on_every_rank_of_one_host_cordons_that_host(
 def test_a_port_error_of_one_process_is_a_restart_not_a_cordon(
     pack: RuleSet, tmp_path: Path
 ) -> None:
-    verdict = verdict_of(pack, tmp_path, PEER_ERROR, _port_error(40211, 0))
+    verdict = verdict_of(pack, tmp_path, STEPS, PEER_ERROR, _port_error(40211, 0))
     assert (verdict.failure_type, verdict.action) == ("ib_error", RESTART)
 
 
 def test_a_lone_non_fatal_port_error_escalates_and_never_cordons(
     pack: RuleSet, tmp_path: Path
 ) -> None:
-    verdict = verdict_of(pack, tmp_path, "\n".join([_port_error(40211, 0)] * 3))
+    verdict = verdict_of(pack, tmp_path, STEPS, "\n".join([_port_error(40211, 0)] * 3))
     assert (verdict.failure_type, verdict.action) == ("ib_error", Action.ESCALATE)
 
 
@@ -664,9 +651,9 @@ def test_a_gpu_that_cannot_initialise_after_an_ecc_error_is_diagnosed_by_the_ecc
             "(DBE) has been detected on GPU in the framebuffer at partition 2, subpartition 0.",
         ]
     )
-    verdict = verdict_of(pack, tmp_path, dmesg)
+    verdict = verdict_of(pack, tmp_path, STEPS, dmesg)
     assert (verdict.failure_type, verdict.action) == ("gpu_ecc_uncorrectable", CORDON)
-    alone = verdict_of(pack, tmp_path, dmesg.split("\n")[0])
+    alone = verdict_of(pack, tmp_path, STEPS, dmesg.split("\n")[0])
     assert (alone.failure_type, alone.action) == ("gpu_health_failure", CORDON)
 
 
@@ -676,5 +663,5 @@ def test_a_lone_bus_error_still_escalates_while_its_window_waits(
     """A windowed rule that matched without reaching its count did not fire: the catch-all on
     the same line still speaks."""
     line = "[gpu-node-1:3039 :0:3095] Caught signal 7 (Bus error: nonexistent physical address)"
-    verdict = verdict_of(pack, tmp_path, line)
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
     assert (verdict.failure_type, verdict.action) == ("fatal_signal", Action.ESCALATE)
