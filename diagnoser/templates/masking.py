@@ -274,7 +274,7 @@ def coarse_words(coarse: bytes, line: str) -> list[bytes] | None:
     skeleton, which splits as the line does when the line is ASCII, holds no separator
     control character, and has no `[...]` field of more than 200 characters (the skeleton is
     shorter, and may group a field the line leaves split)."""
-    if not line.isascii() or _ODD_SPACE.search(coarse) is not None:
+    if not line.isascii() or (not line.isprintable() and _ODD_SPACE.search(coarse) is not None):
         return None
     if b"[" not in coarse or _SPACED_FIELD.search(coarse) is None:
         return coarse.split()
@@ -299,7 +299,8 @@ def _long_field(line: str) -> bool:
 
 def mask_coarse_word(word: bytes) -> str:
     """`mask_word` of a word given by its coarse form (an ASCII word's `coarse_words` entry)."""
-    return mask_word(word.decode("latin-1").replace("\xff", "0"))
+    text = word.decode("latin-1")
+    return mask_word(text.replace("\xff", "0") if "\xff" in text else text)
 
 
 def split_words(line: str) -> tuple[list[str], list[str]]:

@@ -16,7 +16,7 @@ templates: past `max_templates` the least recently seen template is evicted.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from operator import attrgetter
 from typing import Any, TypeVar
@@ -335,36 +335,6 @@ class TemplateMiner:
         self._templates.move_to_end(t.id)
         return t.id
 
-    def add_many(self, lines: Sequence[str]) -> list[int]:
-        """`[self.add(line) for line in lines]`, the same in every respect (ids, templates,
-        counts, samples, caches), for a chunk: the flat skeletons of all its lines come from one
-        encode and one translate of the joined chunk, which per line is most of what a line
-        whose skeleton is known costs."""
-        cap = self.config.max_line_chars
-        joined = "\n".join(lines)
-        if len(lines) < 2 or joined.count("\n") != len(lines) - 1 or max(map(len, lines)) > cap:
-            return [self.add(line) for line in lines]
-        raw = joined.encode("utf-8", "surrogatepass")
-        if ("x" in joined and "0x" in joined) or ("X" in joined and "0X" in joined):
-            raw = raw.replace(b"0x", b"\xffx").replace(b"0X", b"\xffX")
-        templates = self._templates
-        by_skeleton = self._by_skeleton
-        samples = self.config.max_samples
-        ids = []
-        for line, flat in zip(lines, raw.translate(_DIGITS).split(b"\n"), strict=True):
-            self._lines += 1
-            tid = by_skeleton.get(flat)
-            t = None if tid is None else templates.get(tid)
-            if t is None:
-                t = self._slow(line, flat)
-            t.count += 1
-            t.last_seen = self._lines
-            if len(t.samples) < samples:
-                t.samples.append(_clean(line))
-            templates.move_to_end(t.id)
-            ids.append(t.id)
-        return ids
-
     def _slow(self, line: str, flat: bytes) -> _Template:
         """`add` for a line whose skeleton is not cached (or points at a merged template)."""
         coarse = collapse_digits(flat)
@@ -577,10 +547,11 @@ class TemplateMiner:
         text = len(kinds) - kinds.count(VAR) - kinds.count(WILD)
         if text <= self.config.sibling_context or len(t.words) > _MAX_SIBLING_WORDS:
             return t
+        words = tuple(t.words)
         for i, kind in enumerate(kinds):
             if kind != WORD:
                 continue
-            hole = hash((i, *t.words[:i], *t.words[i + 1 :]))
+            hole = hash((i, words[:i], words[i + 1 :]))
             group = self._holes.setdefault(hole, {})
             group[t.id] = t
             t.holes.append((hole, i))
