@@ -183,7 +183,8 @@ class _Template:
         words: list[str],
         seps: list[str] | None,
         line_no: int,
-        shapes: list[tuple[str, int]],
+        generic: list[str],
+        kinds: list[int],
         line: str = "",
     ) -> None:
         self.id = tid
@@ -192,8 +193,8 @@ class _Template:
         """The whitespace before each word (and after the last), split from `line` when first
         asked for (`separators`): most templates of a cold run are never rendered."""
         self.line = line
-        self.generic = [g for g, _ in shapes]
-        self.kinds = [k for _, k in shapes]
+        self.generic = generic
+        self.kinds = kinds
         self.key = " ".join(words)
         self.seq = 0
         """When it joined its bucket: bucket order, which breaks ties between templates."""
@@ -304,8 +305,10 @@ class TemplateMiner:
         self._by_masked: dict[str, int] = {}
         self._by_word: dict[str, str] = {}
         self._by_coarse_word: dict[bytes, str] = {}
-        self._shapes: dict[str, tuple[str, int]] = {}
-        """Masked word -> (generic form, kind); per miner, so a fresh miner starts cold."""
+        self._generic: dict[str, str] = {}
+        self._kinds: dict[str, int] = {}
+        """Masked word -> its generic form, its kind (`_shape`); per miner, so a fresh miner
+        starts cold."""
         self._variable_words: set[str] = set()
         """Plain words seen as the values of a collapsed sibling group: names, not event words."""
         self._value_holes: dict[str, dict[int, int]] = {}
@@ -369,8 +372,7 @@ class TemplateMiner:
         words = self._mask(line, coarse)
         t = self._cached(self._by_masked, " ".join(words))
         if t is None:
-            shapes = self._shapes_of(words)
-            t = self._best(words, [g for g, _ in shapes], [k for _, k in shapes])
+            t = self._best(words, *self._shapes_of(words))
         return None if t is None else t.id
 
     def get(self, template_id: int) -> TemplateView | None:
@@ -423,29 +425,33 @@ class TemplateMiner:
         return words  # type: ignore[return-value]  # no None left
 
     def _shape(self, word: str) -> tuple[str, int]:
-        shape = self._shapes.get(word)
-        if shape is None:
-            shape = _shape(word)
-            if len(self._shapes) >= self.config.cache_entries:
-                self._shapes.clear()
-            self._shapes[word] = shape
-        return shape
+        kind = self._kinds.get(word)
+        if kind is None:
+            generic, kind = _shape(word)
+            if len(self._kinds) >= self.config.cache_entries:
+                self._kinds.clear()
+                self._generic.clear()
+            self._generic[word] = generic
+            self._kinds[word] = kind
+            return generic, kind
+        return self._generic[word], kind
 
-    def _shapes_of(self, words: list[str]) -> list[tuple[str, int]]:
-        shapes: list[tuple[str, int] | None] = list(map(self._shapes.get, words))
-        if None in shapes:
-            for j, shape in enumerate(shapes):
-                if shape is None:
-                    shapes[j] = self._shape(words[j])
-        return shapes  # type: ignore[return-value]  # no None left
+    def _shapes_of(self, words: list[str]) -> tuple[list[str], list[int]]:
+        """The words' generic forms and kinds (two new lists)."""
+        kinds: list[int | None] = list(map(self._kinds.get, words))
+        if None in kinds:
+            generic = []
+            for j, word in enumerate(words):
+                g, kinds[j] = self._shape(word)
+                generic.append(g)
+            return generic, kinds  # type: ignore[return-value]  # no None left
+        return list(map(self._generic.__getitem__, words)), kinds  # type: ignore[return-value]
 
     def _learn(self, line: str, words: list[str]) -> _Template:
-        shapes = self._shapes_of(words)
-        generic = [g for g, _ in shapes]
-        kinds = [k for _, k in shapes]
+        generic, kinds = self._shapes_of(words)
         best = self._best(words, generic, kinds)
         if best is None:
-            return self._create(words, line, shapes)
+            return self._create(words, line, generic, kinds)
         changes = best.widening(words, generic)
         if changes:
             self._unindex(best)
@@ -521,8 +527,11 @@ class TemplateMiner:
         else:
             del self._unsigned[n][t.id]
 
-    def _create(self, words: list[str], line: str, shapes: list[tuple[str, int]]) -> _Template:
-        t = _Template(self._next_id, list(words), None, self._lines, shapes, line)
+    def _create(
+        self, words: list[str], line: str, generic: list[str], kinds: list[int]
+    ) -> _Template:
+        """A new template from the line (`generic` and `kinds` become its own)."""
+        t = _Template(self._next_id, list(words), None, self._lines, generic, kinds, line)
         self._next_id += 1
         self._templates[t.id] = t
         t = self._index(t)
@@ -694,7 +703,7 @@ class TemplateMiner:
             for raw in data["templates"]:
                 words = [str(w) for w in raw["words"]]
                 seps = [str(s) for s in raw["seps"]]
-                t = _Template(int(raw["id"]), words, seps, 0, miner._shapes_of(words))
+                t = _Template(int(raw["id"]), words, seps, 0, *miner._shapes_of(words))
                 t.count = int(raw["count"])
                 t.first_seen = int(raw["first_seen"])
                 t.last_seen = int(raw["last_seen"])
