@@ -47,6 +47,7 @@ _DIGITS = bytes.maketrans(b"0123456789", b"1111111111")
 """`masking.flat_skeleton`, inlined in `add`."""
 _SENTINELS = frozenset(SENTINEL.values())
 _GENERIC = str.maketrans(dict.fromkeys(SENTINEL.values(), _ANY))
+_UNSLOT = str.maketrans(dict.fromkeys(SENTINEL.values()))
 
 CONST, VAR, WILD, WORD = 0, 1, 2, 3
 """Word kinds: text that names the event; slots and punctuation only; a position merged to `<*>`;
@@ -95,21 +96,23 @@ class MinerConfig:
 
 def _shape(word: str) -> tuple[str, int]:
     """A masked word's generic form (every slot as `<*>`) and its kind (uncached: the miner
-    caches shapes per instance, `TemplateMiner._shapes`)."""
+    caches shapes per instance, `TemplateMiner._shapes_of`)."""
+    core = word.strip(_PUNCT)
     if word.isascii():  # no slot: sentinels are not ASCII
-        return word, _kind(word, False)
+        if core in _UNITS:
+            return word, VAR
+        return word, WORD if core.isalpha() else CONST
     generic = word.translate(_GENERIC)
-    return generic, _kind(word, _ANY in generic)
-
-
-def _kind(word: str, slotted: bool) -> int:
-    if word.strip(_PUNCT) in _UNITS:
-        return VAR
-    if not slotted:
-        return WORD if word.strip(_PUNCT).isalpha() else CONST
+    if core in _UNITS:
+        return generic, VAR
+    if _ANY not in generic:  # no slot
+        return generic, WORD if core.isalpha() else CONST
     if word == _ANY:
-        return WILD
-    return CONST if any(c.isalpha() for c in word) else VAR
+        return generic, WILD
+    rest = word.translate(_UNSLOT)
+    # An ASCII letter is an ASCII character with two cases.
+    text = rest.lower() != rest.upper() if rest.isascii() else any(c.isalpha() for c in rest)
+    return generic, CONST if text else VAR
 
 
 LEADER = "...."
@@ -291,6 +294,9 @@ class TemplateMiner:
         self.config = config or MinerConfig()
         self._templates: OrderedDict[int, _Template] = OrderedDict()
         """Least recently seen first."""
+        self._last: _Template | None = None
+        """The last of `_templates` when `add` left it so (None once anything else reorders
+        them): a run of lines of one template moves it to the end once."""
         self._buckets: dict[int, dict[str, _Template]] = {}
         """Word count -> template key -> template."""
         self._signatures: dict[int, list[dict[str, dict[int, _Template]]]] = {}
@@ -337,7 +343,9 @@ class TemplateMiner:
         t.last_seen = self._lines
         if len(t.samples) < self.config.max_samples:
             t.samples.append(_clean(line))
-        self._templates.move_to_end(t.id)
+        if t is not self._last:
+            self._templates.move_to_end(t.id)
+            self._last = t
         return t.id
 
     def _slow(self, line: str, flat: bytes) -> _Template:
@@ -536,6 +544,7 @@ class TemplateMiner:
         t = _Template(self._next_id, list(words), None, self._lines, generic, kinds, line)
         self._next_id += 1
         self._templates[t.id] = t
+        self._last = None
         t = self._index(t)
         self._templates.move_to_end(t.id)
         while len(self._templates) > self.config.max_templates:
@@ -623,6 +632,7 @@ class TemplateMiner:
     def _fold(self, keep: _Template, gone: _Template) -> None:
         """Count `gone` (unindexed) into `keep`; `gone`'s id now resolves to `keep`."""
         del self._templates[gone.id]
+        self._last = None
         keep.count += gone.count
         keep.first_seen = min(keep.first_seen, gone.first_seen)
         keep.last_seen = max(keep.last_seen, gone.last_seen)
@@ -641,6 +651,7 @@ class TemplateMiner:
 
     def _evict(self) -> None:
         _, t = self._templates.popitem(last=False)
+        self._last = None
         self._unindex(t)
         for old in t.absorbed:
             self._alias.pop(old, None)
