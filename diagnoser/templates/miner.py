@@ -349,7 +349,9 @@ class TemplateMiner:
         return t.id
 
     def _slow(self, line: str, flat: bytes) -> _Template:
-        """`add` for a line whose skeleton is not cached (or points at a merged template)."""
+        """`add` for a line whose skeleton is not cached (or points at a merged template).
+        `_cached` and `_remember`, written out: this runs for every new skeleton."""
+        limit = self.config.cache_entries
         coarse = collapse_digits(flat)
         by_coarse = self._by_coarse
         tid = by_coarse.get(coarse)
@@ -366,9 +368,16 @@ class TemplateMiner:
                 if tid is not None:
                     del by_masked[mkey]
                 t = self._learn(line, words)
-                self._remember(by_masked, mkey, t.id)
-            self._remember(by_coarse, coarse, t.id)
-        self._remember(self._by_skeleton, flat, t.id)
+                if len(by_masked) >= limit:
+                    by_masked.clear()
+                by_masked[mkey] = t.id
+            if len(by_coarse) >= limit:
+                by_coarse.clear()
+            by_coarse[coarse] = t.id
+        by_skeleton = self._by_skeleton
+        if len(by_skeleton) >= limit:
+            by_skeleton.clear()
+        by_skeleton[flat] = t.id
         return t
 
     def match(self, line: str) -> int | None:
