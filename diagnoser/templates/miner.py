@@ -444,26 +444,24 @@ class TemplateMiner:
         return words  # type: ignore[return-value]  # no None left
 
     def _shape(self, word: str) -> tuple[str, int]:
-        kind = self._kinds.get(word)
-        if kind is None:
-            generic, kind = _shape(word)
-            if len(self._kinds) >= self.config.cache_entries:
-                self._kinds.clear()
-                self._generic.clear()
-            self._generic[word] = generic
-            self._kinds[word] = kind
-            return generic, kind
-        return self._generic[word], kind
+        (generic,), (kind,) = self._shapes_of([word])
+        return generic, kind
 
     def _shapes_of(self, words: list[str]) -> tuple[list[str], list[int]]:
-        """The words' generic forms and kinds (two new lists)."""
-        kinds: list[int | None] = list(map(self._kinds.get, words))
+        """The words' generic forms and kinds (two new lists), computed for new words only."""
+        cache = self._kinds
+        kinds: list[int | None] = list(map(cache.get, words))
         if None in kinds:
-            generic = []
-            for j, word in enumerate(words):
-                g, kinds[j] = self._shape(word)
-                generic.append(g)
-            return generic, kinds  # type: ignore[return-value]  # no None left
+            generic_of = self._generic
+            if len(cache) + len(words) > self.config.cache_entries:
+                cache.clear()
+                generic_of.clear()
+                kinds = [None] * len(words)
+            for j, kind in enumerate(kinds):
+                if kind is None:
+                    word = words[j]
+                    generic_of[word], kinds[j] = _shape(word)
+                    cache[word] = kinds[j]  # type: ignore[assignment]
         return list(map(self._generic.__getitem__, words)), kinds  # type: ignore[return-value]
 
     def _learn(self, line: str, words: list[str]) -> _Template:
