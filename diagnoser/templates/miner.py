@@ -32,6 +32,7 @@ from diagnoser.templates.masking import (
     mask_coarse_word,
     mask_word,
     render_masked,
+    skeleton,
     split_words,
 )
 from diagnoser.templates.masking import (
@@ -43,8 +44,9 @@ _W = TypeVar("_W", str, bytes)
 """A word as a line holds it (str) or as the coarse skeleton holds it (bytes)."""
 
 _ANY = SENTINEL[Slot.ANY]
-_DIGITS = bytes.maketrans(b"0123456789", b"1111111111")
-"""`masking.flat_skeleton`, inlined in `add`."""
+_FINE = bytes.maketrans(b"123456789", b"111111111")
+"""`masking.skeleton`, inlined in `add`."""
+_ZERO = bytes.maketrans(b"0", b"1")
 _SENTINELS = frozenset(SENTINEL.values())
 _GENERIC = str.maketrans(dict.fromkeys(SENTINEL.values(), _ANY))
 _UNSLOT = str.maketrans(dict.fromkeys(SENTINEL.values()))
@@ -294,9 +296,6 @@ class TemplateMiner:
         self.config = config or MinerConfig()
         self._templates: OrderedDict[int, _Template] = OrderedDict()
         """Least recently seen first."""
-        self._last: _Template | None = None
-        """The last of `_templates` when `add` left it so (None once anything else reorders
-        them): a run of lines of one template moves it to the end once."""
         self._buckets: dict[int, dict[str, _Template]] = {}
         """Word count -> template key -> template."""
         self._signatures: dict[int, list[dict[str, dict[int, _Template]]]] = {}
@@ -309,6 +308,7 @@ class TemplateMiner:
         self._holes: dict[int, dict[int, _Template]] = {}
         """hash(position, the other words) -> templates equal but for a plain word there."""
         self._by_skeleton: dict[bytes, int] = {}
+        self._by_flat: dict[bytes, int] = {}
         self._by_coarse: dict[bytes, int] = {}
         self._by_masked: dict[str, int] = {}
         self._by_word: dict[str, str] = {}
@@ -331,27 +331,43 @@ class TemplateMiner:
         self._lines += 1
         if len(line) > self.config.max_line_chars:
             line = line[: self.config.max_line_chars]
-        raw = line.encode("utf-8", "surrogatepass")
-        if ("x" in line and "0x" in line) or ("X" in line and "0X" in line):
-            raw = raw.replace(b"0x", b"\xffx").replace(b"0X", b"\xffX")
-        flat = raw.translate(_DIGITS)
-        tid = self._by_skeleton.get(flat)
+        fine = line.encode("utf-8", "surrogatepass").translate(_FINE)
+        tid = self._by_skeleton.get(fine)
         t = None if tid is None else self._templates.get(tid)
         if t is None:
-            t = self._slow(line, flat)
+            t = self._slow(line, fine)
         t.count += 1
         t.last_seen = self._lines
         if len(t.samples) < self.config.max_samples:
             t.samples.append(_clean(line))
-        if t is not self._last:
-            self._templates.move_to_end(t.id)
-            self._last = t
+        self._templates.move_to_end(t.id)
         return t.id
 
-    def _slow(self, line: str, flat: bytes) -> _Template:
+    def _slow(self, line: str, fine: bytes) -> _Template:
         """`add` for a line whose skeleton is not cached (or points at a merged template).
         `_cached` and `_remember`, written out: this runs for every new skeleton."""
         limit = self.config.cache_entries
+        if ("x" in line and "0x" in line) or ("X" in line and "0X" in line):
+            fine = fine.replace(b"0x", b"\xffx").replace(b"0X", b"\xffX")
+        flat = fine.translate(_ZERO)
+        by_flat = self._by_flat
+        tid = by_flat.get(flat)
+        t = None if tid is None else self._resolve(tid)
+        if t is None:
+            if tid is not None:
+                del by_flat[flat]
+            t = self._coarse(line, flat, limit)
+            if len(by_flat) >= limit:
+                by_flat.clear()
+            by_flat[flat] = t.id
+        by_skeleton = self._by_skeleton
+        if len(by_skeleton) >= limit:
+            by_skeleton.clear()
+        by_skeleton[fine] = t.id
+        return t
+
+    def _coarse(self, line: str, flat: bytes, limit: int) -> _Template:
+        """`_slow` for a line whose flat skeleton is not cached either."""
         coarse = collapse_digits(flat)
         by_coarse = self._by_coarse
         tid = by_coarse.get(coarse)
@@ -374,10 +390,6 @@ class TemplateMiner:
             if len(by_coarse) >= limit:
                 by_coarse.clear()
             by_coarse[coarse] = t.id
-        by_skeleton = self._by_skeleton
-        if len(by_skeleton) >= limit:
-            by_skeleton.clear()
-        by_skeleton[flat] = t.id
         return t
 
     def match(self, line: str) -> int | None:
@@ -385,7 +397,11 @@ class TemplateMiner:
         line = line[: self.config.max_line_chars]
         flat = flat_skeleton(line)
         coarse = collapse_digits(flat)
-        t = self._cached(self._by_skeleton, flat) or self._cached(self._by_coarse, coarse)
+        t = (
+            self._cached(self._by_skeleton, skeleton(line))
+            or self._cached(self._by_flat, flat)
+            or self._cached(self._by_coarse, coarse)
+        )
         if t is not None:
             return t.id
         words = self._mask(line, coarse)
@@ -551,7 +567,6 @@ class TemplateMiner:
         t = _Template(self._next_id, list(words), None, self._lines, generic, kinds, line)
         self._next_id += 1
         self._templates[t.id] = t
-        self._last = None
         t = self._index(t)
         self._templates.move_to_end(t.id)
         while len(self._templates) > self.config.max_templates:
@@ -639,7 +654,6 @@ class TemplateMiner:
     def _fold(self, keep: _Template, gone: _Template) -> None:
         """Count `gone` (unindexed) into `keep`; `gone`'s id now resolves to `keep`."""
         del self._templates[gone.id]
-        self._last = None
         keep.count += gone.count
         keep.first_seen = min(keep.first_seen, gone.first_seen)
         keep.last_seen = max(keep.last_seen, gone.last_seen)
@@ -658,7 +672,6 @@ class TemplateMiner:
 
     def _evict(self) -> None:
         _, t = self._templates.popitem(last=False)
-        self._last = None
         self._unindex(t)
         for old in t.absorbed:
             self._alias.pop(old, None)
