@@ -8,8 +8,9 @@ headers of raw lines do not glue different events together. The best template at
 the slot types differ, the slot widens to `<*>`). Two templates that end up identical merge; the
 younger id then resolves to the older one through `get`.
 
-Caches keep the common case to one `bytes.translate` and a dict lookup: the line's flat
-skeleton (every digit a 1, but the 0 of `0x`), then a coarser one, then its masked words. A new
+Caches keep the common case to one `bytes.translate` and a dict lookup: the line's digit
+skeleton, then its flat one (every digit a 1, but the 0 of `0x`), then a coarser one, then its
+masked words. A new
 masked line is compared only with the templates a signature index names (`_sign`), which are
 all those it could join. All are bounded, and so is the number of
 templates: past `max_templates` the least recently seen template is evicted.
