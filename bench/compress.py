@@ -11,7 +11,10 @@ Windows, which keep Loghub's original templates). Read at run time from `../shar
 1. Per dataset: grouping accuracy (GA) on the `Content` column and on the raw `.log` lines
    (headers and all, no header format given to either miner), and lines/s over both inputs
    (4,000 lines, a fresh miner per input, so mostly cold; best of 3 runs). Peer: Drain3 with
-   its default configuration, the same lines, the same process.
+   its default configuration, the same lines, the same process, the same way (one call per
+   line). The miner keeps no cache outside the instance, so a fresh miner is cold in every
+   run: until this round a word-shape `lru_cache` was shared by every miner of the process,
+   which gave runs 2 and 3 of the best of 3 words Drain3 had to see anew.
 2. Long run: each dataset's raw lines repeated to `--long-lines` lines into one miner: lines/s
    overall and over the second half (steady state); Drain3 on the first `--peer-lines` of the same
    stream. Then peak memory (tracemalloc) of one miner over `--long-lines` lines that cycle

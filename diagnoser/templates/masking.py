@@ -23,7 +23,7 @@ _START = rf"(?<![{_ALNUM}])"
 _END = rf"(?![{_ALNUM}])"
 _HEXC = "0-9a-fA-F"
 _UNITS = "(?:ns|us|µs|ms|s|sec|secs|min|mins|h|hr|hrs)"
-_NUMBER_START = "(?:(?<=-)[0-9])?(?<=[0-9])[0-9]*"
+_NUMBER_START = "(?:(?<=-)[0-9])?(?<=[0-9])[0-9]*+"
 """After a first character `[-0-9]`: the rest of `-?[0-9]+`."""
 
 # (slot, first character, rest). Order is priority: at each position the first alternative
@@ -33,12 +33,15 @@ _NUMBER_START = "(?:(?<=-)[0-9])?(?<=[0-9])[0-9]*"
 # opens with a character class, which lets `re` skip it on one character test where the
 # alternative cannot start; the empty group after that character names the alternative.
 # Read as one regex each (first + rest), they are the plain spellings in `PLAIN_PATTERNS`.
+# A run is possessive (`*+`, `++`) wherever what may follow it cannot start with what it
+# holds, so giving characters back could never let the alternative match: `re` then fails an
+# alternative without retrying it at every shorter length, and matches the same.
 _PATTERNS: tuple[tuple[Slot, str, str], ...] = (
-    (Slot.UUID, f"[{_HEXC}]", rf"[{_HEXC}]*(?:-[{_HEXC}]+){{4}}{_END}"),
+    (Slot.UUID, f"[{_HEXC}]", rf"[{_HEXC}]*+(?:-[{_HEXC}]++){{4}}{_END}"),
     (
         Slot.PATH,
         r"(?:(?<=[\s\"'(\[=,:<>])|^)",
-        r"(?:[A-Za-z]:)?(?:[/\\][^\s/\\\"'()\[\],;]+){2,}[/\\]?",
+        r"(?:[A-Za-z]:)?(?:[/\\][^\s/\\\"'()\[\],;]++){2,}[/\\]?",
     ),
     # Month and weekday names, so dates in line headers do not read as text.
     (
@@ -47,28 +50,28 @@ _PATTERNS: tuple[tuple[Slot, str, str], ...] = (
         r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
         rf"|Mon|Tue|Wed|Thu|Fri|Sat|Sun){_END}",
     ),
-    (Slot.IP, "[0-9]", rf"[0-9]*\.[0-9]+\.[0-9]+\.[0-9]+{_END}(?!\.[0-9])"),
-    (Slot.HEX, "0", rf"[xX][{_HEXC}]+{_END}"),
-    (Slot.DURATION, "[0-9]", rf"[0-9]*(?:\.[0-9]+)?{_UNITS}{_END}"),
-    (Slot.ANY, "[0-9]", rf"[0-9]*(?:\.[0-9]+){{2,}}{_END}"),
+    (Slot.IP, "[0-9]", rf"[0-9]*+\.[0-9]++\.[0-9]++\.[0-9]++{_END}(?!\.[0-9])"),
+    (Slot.HEX, "0", rf"[xX][{_HEXC}]++{_END}"),
+    (Slot.DURATION, "[0-9]", rf"[0-9]*+(?:\.[0-9]++)?{_UNITS}{_END}"),
+    (Slot.ANY, "[0-9]", rf"[0-9]*+(?:\.[0-9]++){{2,}}{_END}"),
     (
         Slot.FLOAT,
         "[-0-9]",
-        rf"{_NUMBER_START}(?:\.[0-9]+(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+){_END}(?!\.[0-9])",
+        rf"{_NUMBER_START}(?:\.[0-9]++(?:[eE][-+]?[0-9]++)?|[eE][-+]?[0-9]++){_END}(?!\.[0-9])",
     ),
     (Slot.INT, "[-0-9]", rf"{_NUMBER_START}{_END}"),
     # A name glued to a number (`dn228`, `a64f992`, `0userId`): hex when only hex letters.
     (
         Slot.HEX,
         "[0-9a-f]",
-        rf"(?:(?<=[0-9])[0-9]*[a-f]|(?<=[a-f])[a-f]*[0-9])[0-9a-f]*{_END}",
+        rf"(?:(?<=[0-9])[0-9]*+[a-f]|(?<=[a-f])[a-f]*+[0-9])[0-9a-f]*+{_END}",
     ),
     (
         Slot.HEX,
         "[0-9A-F]",
-        rf"(?:(?<=[0-9])[0-9]*[A-F]|(?<=[A-F])[A-F]*[0-9])[0-9A-F]*{_END}",
+        rf"(?:(?<=[0-9])[0-9]*+[A-F]|(?<=[A-F])[A-F]*+[0-9])[0-9A-F]*+{_END}",
     ),
-    (Slot.ANY, f"[{_ALNUM}]", rf"(?:(?<=[0-9])|[A-Za-z]*[0-9])[{_ALNUM}]*{_END}"),
+    (Slot.ANY, f"[{_ALNUM}]", rf"(?:(?<=[0-9])|[A-Za-z]*+[0-9])[{_ALNUM}]*+{_END}"),
 )
 PLAIN_PATTERNS: tuple[tuple[Slot, str], ...] = (
     (Slot.UUID, rf"{_START}[{_HEXC}]+(?:-[{_HEXC}]+){{4}}{_END}"),
@@ -124,6 +127,7 @@ _RENDER = str.maketrans({c: f"<{slot.value}>" for slot, c in SENTINEL.items()})
 _INT = SENTINEL[Slot.INT]
 _SKELETON = bytes.maketrans(b"123456789", b"111111111")
 _ZERO = bytes.maketrans(b"0", b"1")
+_DIGITS = bytes.maketrans(b"0123456789", b"1111111111")
 
 
 def slot_of_group(group: str | None) -> Slot:
@@ -217,7 +221,25 @@ def coarse_skeleton(fine: bytes) -> bytes:
     byte UTF-8 never uses). `bytes.replace` passes, many times faster than a regex."""
     if b"0x" in fine or b"0X" in fine:
         fine = fine.replace(b"0x", b"\xffx").replace(b"0X", b"\xffX")
-    raw = fine.translate(_ZERO).replace(b"111", b"1").replace(b"11", b"1")
+    return collapse_digits(fine.translate(_ZERO))
+
+
+def flat_skeleton(line: str) -> bytes:
+    """The line's UTF-8 with every digit written as 1, but for the 0 of `0x`, written (as in
+    `coarse_skeleton`) as a byte UTF-8 never uses: that 0 is the only digit a pattern tells
+    apart, so lines with equal flat skeletons mask the same, and far more of them share one
+    than share a `skeleton`. `collapse_digits` of it is the `coarse_skeleton`. The `0x` test
+    is on the str (one character first, which `memchr` finds), several times faster than
+    on bytes."""
+    raw = line.encode("utf-8", "surrogatepass")
+    if ("x" in line and "0x" in line) or ("X" in line and "0X" in line):
+        raw = raw.replace(b"0x", b"\xffx").replace(b"0X", b"\xffX")
+    return raw.translate(_DIGITS)
+
+
+def collapse_digits(flat: bytes) -> bytes:
+    """Each run of 1s written as one 1 (digits are 1s in a `flat_skeleton`)."""
+    raw = flat.replace(b"111", b"1").replace(b"11", b"1")
     while b"11" in raw:
         raw = raw.replace(b"11", b"1")
     return raw
@@ -250,20 +272,35 @@ def coarse_words(coarse: bytes, line: str) -> list[bytes] | None:
     A word masks as its coarse form does, and far more words share a coarse form (every number
     one key), so the miner caches masked words by it. Words are found in the line's coarse
     skeleton, which splits as the line does when the line is ASCII, holds no separator
-    control character, and is too short for a `[...]` field to pass 200 characters (the
-    skeleton is shorter, and may group a field the line leaves split)."""
-    if not line.isascii() or _ODD_SPACE.search(coarse) is not None:
+    control character, and has no `[...]` field of more than 200 characters (the skeleton is
+    shorter, and may group a field the line leaves split)."""
+    if not line.isascii() or (not line.isprintable() and _ODD_SPACE.search(coarse) is not None):
         return None
-    if b"[" not in coarse:
+    if b"[" not in coarse or _SPACED_FIELD.search(coarse) is None:
         return coarse.split()
-    if len(line) > 200:
+    if len(line) > _FIELD + 2 and _long_field(line):
         return None
     return _WORD_BYTES.findall(coarse)
 
 
+_FIELD = 200
+"""The longest `[...]` field (`_WORD`) that stays one word."""
+_SPACED_FIELD = re.compile(rb"\[[^\[\]\s]*+\s[^\[\]\n]*+\]")
+"""A `[...]` field with whitespace inside (of any length): without one, `_WORD` finds the words
+`split` does (a field with no whitespace lies inside one of them), and `split` is many times
+faster."""
+
+
+def _long_field(line: str) -> bool:
+    """Whether a `[` of the line is closed by a `]` more than `_FIELD` characters on (with no
+    `[` between): the only field the line and its shorter skeleton may split differently."""
+    return any(piece.find("]") > _FIELD for piece in line.split("[")[1:])
+
+
 def mask_coarse_word(word: bytes) -> str:
     """`mask_word` of a word given by its coarse form (an ASCII word's `coarse_words` entry)."""
-    return mask_word(word.decode("latin-1").replace("\xff", "0"))
+    text = word.decode("latin-1")
+    return mask_word(text.replace("\xff", "0") if "\xff" in text else text)
 
 
 def split_words(line: str) -> tuple[list[str], list[str]]:

@@ -9,23 +9,27 @@ the slot types differ, the slot widens to `<*>`). Two templates that end up iden
 younger id then resolves to the older one through `get`.
 
 Caches keep the common case to one `bytes.translate` and a dict lookup: the line's digit
-skeleton, then a coarser one, then its masked words. All are bounded, and so is the number of
+skeleton, then its flat one (every digit a 1, but the 0 of `0x`), then a coarser one, then its
+masked words. A new
+masked line is compared only with the templates a signature index names (`_sign`), which are
+all those it could join. All are bounded, and so is the number of
 templates: past `max_templates` the least recently seen template is evicted.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import lru_cache
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from diagnoser.templates.masking import (
     SENTINEL,
     SLOT_OF_SENTINEL,
-    coarse_skeleton,
     coarse_words,
+    collapse_digits,
+    flat_skeleton,
     mask_coarse_word,
     mask_word,
     render_masked,
@@ -43,8 +47,10 @@ _W = TypeVar("_W", str, bytes)
 _ANY = SENTINEL[Slot.ANY]
 _FINE = bytes.maketrans(b"123456789", b"111111111")
 """`masking.skeleton`, inlined in `add`."""
+_ZERO = bytes.maketrans(b"0", b"1")
 _SENTINELS = frozenset(SENTINEL.values())
 _GENERIC = str.maketrans(dict.fromkeys(SENTINEL.values(), _ANY))
+_UNSLOT = str.maketrans(dict.fromkeys(SENTINEL.values()))
 
 CONST, VAR, WILD, WORD = 0, 1, 2, 3
 """Word kinds: text that names the event; slots and punctuation only; a position merged to `<*>`;
@@ -53,6 +59,8 @@ _PUNCT = "()[]{}\"'<>,.;:!?"
 _UNITS = frozenset(("B", "KB", "MB", "GB", "TB", "PB", "KiB", "MiB", "GiB", "TiB", "PiB"))
 """A size unit after a number varies with it (`3.2 KB`, `1.1 MB`): a slot, not text."""
 
+_bucket_order = attrgetter("seq")
+_TEXT = (CONST, WORD)
 STATE_VERSION = 1
 _MAX_ALIASES = 1000
 """Per template: how many ids merged into it keep resolving to it."""
@@ -89,20 +97,25 @@ class MinerConfig:
             raise ValueError("sibling_values must be >= 2 and sibling_context >= 0")
 
 
-@lru_cache(maxsize=1 << 16)
 def _shape(word: str) -> tuple[str, int]:
-    """A masked word's generic form (every slot as `<*>`) and its kind."""
-    return word.translate(_GENERIC), _kind(word)
-
-
-def _kind(word: str) -> int:
-    if word.strip(_PUNCT) in _UNITS:
-        return VAR
-    if not any(c in _SENTINELS for c in word):
-        return WORD if word.strip(_PUNCT).isalpha() else CONST
+    """A masked word's generic form (every slot as `<*>`) and its kind (uncached: the miner
+    caches shapes per instance, `TemplateMiner._shapes_of`)."""
+    core = word.strip(_PUNCT)
+    if word.isascii():  # no slot: sentinels are not ASCII
+        if core in _UNITS:
+            return word, VAR
+        return word, WORD if core.isalpha() else CONST
+    generic = word.translate(_GENERIC)
+    if core in _UNITS:
+        return generic, VAR
+    if _ANY not in generic:  # no slot
+        return generic, WORD if core.isalpha() else CONST
     if word == _ANY:
-        return WILD
-    return CONST if any(c.isalpha() for c in word) else VAR
+        return generic, WILD
+    rest = word.translate(_UNSLOT)
+    # An ASCII letter is an ASCII character with two cases.
+    text = rest.lower() != rest.upper() if rest.isascii() else any(c.isalpha() for c in rest)
+    return generic, CONST if text else VAR
 
 
 LEADER = "...."
@@ -164,18 +177,37 @@ class _Template:
         "key",
         "kinds",
         "last_seen",
+        "line",
         "samples",
         "seps",
+        "seq",
+        "signature",
         "words",
     )
 
-    def __init__(self, tid: int, words: list[str], seps: list[str], line_no: int) -> None:
+    def __init__(
+        self,
+        tid: int,
+        words: list[str],
+        seps: list[str] | None,
+        line_no: int,
+        generic: list[str],
+        kinds: list[int],
+        line: str = "",
+    ) -> None:
         self.id = tid
         self.words = words
         self.seps = seps
-        self.generic = [_shape(w)[0] for w in words]
-        self.kinds = [_shape(w)[1] for w in words]
+        """The whitespace before each word (and after the last), split from `line` when first
+        asked for (`separators`): most templates of a cold run are never rendered."""
+        self.line = line
+        self.generic = generic
+        self.kinds = kinds
         self.key = " ".join(words)
+        self.seq = 0
+        """When it joined its bucket: bucket order, which breaks ties between templates."""
+        self.signature: list[tuple[int, str]] = []
+        """Its entries in the bucket's signature index (`TemplateMiner._sign`)."""
         self.count = 0
         self.first_seen = line_no
         self.last_seen = line_no
@@ -203,15 +235,24 @@ class _Template:
                 changes.append((i, merged))
         return changes
 
-    def widen(self, changes: list[tuple[int, str]]) -> None:
+    def widen(
+        self, changes: list[tuple[int, str]], shape: Callable[[str], tuple[str, int]]
+    ) -> None:
         for i, merged in changes:
             self.words[i] = merged
-            self.generic[i], self.kinds[i] = _shape(merged)
+            self.generic[i], self.kinds[i] = shape(merged)
         self.key = " ".join(self.words)
+
+    def separators(self) -> list[str]:
+        if self.seps is None:
+            self.seps = split_words(self.line)[1]
+            self.line = ""
+        return self.seps
 
     def view(self) -> TemplateView:
         text = "".join(
-            sep + render_masked(word) for sep, word in zip(self.seps, self.words, strict=False)
+            sep + render_masked(word)
+            for sep, word in zip(self.separators(), self.words, strict=False)
         )
         slots = tuple(SLOT_OF_SENTINEL[c] for w in self.words for c in w if c in _SENTINELS)
         return TemplateView(
@@ -244,6 +285,11 @@ def _similarity(t: _Template, generic: list[str], kinds: list[int]) -> float:
     return match / total if total else 1.0
 
 
+_SCAN = 8
+"""A bucket of at most this many templates is compared whole; a larger one only with the
+templates its signature index names (`TemplateMiner._candidates`), which picks the same best."""
+
+
 class TemplateMiner:
     """Groups lines into templates as they stream (one instance per job family; not thread-safe)."""
 
@@ -253,14 +299,25 @@ class TemplateMiner:
         """Least recently seen first."""
         self._buckets: dict[int, dict[str, _Template]] = {}
         """Word count -> template key -> template."""
+        self._signatures: dict[int, list[dict[str, dict[int, _Template]]]] = {}
+        """Word count -> position -> generic word -> templates with that word in their signature
+        (see `_sign`)."""
+        self._unsigned: dict[int, dict[int, _Template]] = {}
+        """Word count -> templates with no text word, which any line of that count may join."""
+        self._seq = 0
         self._alias: dict[int, int] = {}
         self._holes: dict[int, dict[int, _Template]] = {}
         """hash(position, the other words) -> templates equal but for a plain word there."""
         self._by_skeleton: dict[bytes, int] = {}
+        self._by_flat: dict[bytes, int] = {}
         self._by_coarse: dict[bytes, int] = {}
         self._by_masked: dict[str, int] = {}
         self._by_word: dict[str, str] = {}
         self._by_coarse_word: dict[bytes, str] = {}
+        self._generic: dict[str, str] = {}
+        self._kinds: dict[str, int] = {}
+        """Masked word -> its generic form, its kind (`_shape`); per miner, so a fresh miner
+        starts cold."""
         self._variable_words: set[str] = set()
         """Plain words seen as the values of a collapsed sibling group: names, not event words."""
         self._value_holes: dict[str, dict[int, int]] = {}
@@ -288,33 +345,70 @@ class TemplateMiner:
         return t.id
 
     def _slow(self, line: str, fine: bytes) -> _Template:
-        """`add` for a line whose skeleton is not cached (or points at a merged template)."""
-        coarse = coarse_skeleton(fine)
-        t = self._cached(self._by_coarse, coarse)
+        """`add` for a line whose skeleton is not cached (or points at a merged template).
+        `_cached` and `_remember`, written out: this runs for every new skeleton."""
+        limit = self.config.cache_entries
+        if ("x" in line and "0x" in line) or ("X" in line and "0X" in line):
+            fine = fine.replace(b"0x", b"\xffx").replace(b"0X", b"\xffX")
+        flat = fine.translate(_ZERO)
+        by_flat = self._by_flat
+        tid = by_flat.get(flat)
+        t = None if tid is None else self._resolve(tid)
         if t is None:
+            if tid is not None:
+                del by_flat[flat]
+            t = self._coarse(line, flat, limit)
+            if len(by_flat) >= limit:
+                by_flat.clear()
+            by_flat[flat] = t.id
+        by_skeleton = self._by_skeleton
+        if len(by_skeleton) >= limit:
+            by_skeleton.clear()
+        by_skeleton[fine] = t.id
+        return t
+
+    def _coarse(self, line: str, flat: bytes, limit: int) -> _Template:
+        """`_slow` for a line whose flat skeleton is not cached either."""
+        coarse = collapse_digits(flat)
+        by_coarse = self._by_coarse
+        tid = by_coarse.get(coarse)
+        t = None if tid is None else self._resolve(tid)
+        if t is None:
+            if tid is not None:
+                del by_coarse[coarse]
             words = self._mask(line, coarse)
             mkey = " ".join(words)
-            t = self._cached(self._by_masked, mkey)
+            by_masked = self._by_masked
+            tid = by_masked.get(mkey)
+            t = None if tid is None else self._resolve(tid)
             if t is None:
+                if tid is not None:
+                    del by_masked[mkey]
                 t = self._learn(line, words)
-                self._remember(self._by_masked, mkey, t.id)
-            self._remember(self._by_coarse, coarse, t.id)
-        self._remember(self._by_skeleton, fine, t.id)
+                if len(by_masked) >= limit:
+                    by_masked.clear()
+                by_masked[mkey] = t.id
+            if len(by_coarse) >= limit:
+                by_coarse.clear()
+            by_coarse[coarse] = t.id
         return t
 
     def match(self, line: str) -> int | None:
         """The id of the template `line` would join, without learning anything from it."""
         line = line[: self.config.max_line_chars]
-        fine = skeleton(line)
-        t = self._cached(self._by_skeleton, fine) or self._cached(
-            self._by_coarse, coarse_skeleton(fine)
+        flat = flat_skeleton(line)
+        coarse = collapse_digits(flat)
+        t = (
+            self._cached(self._by_skeleton, skeleton(line))
+            or self._cached(self._by_flat, flat)
+            or self._cached(self._by_coarse, coarse)
         )
         if t is not None:
             return t.id
-        words = self._mask(line, coarse_skeleton(fine))
+        words = self._mask(line, coarse)
         t = self._cached(self._by_masked, " ".join(words))
         if t is None:
-            t = self._best(words)[0]
+            t = self._best(words, *self._shapes_of(words))
         return None if t is None else t.id
 
     def get(self, template_id: int) -> TemplateView | None:
@@ -339,77 +433,139 @@ class TemplateMiner:
 
     def _mask(self, line: str, coarse: bytes) -> list[str]:
         found = coarse_words(coarse, line)
-        words = self._mask_words(line) if found is None else self._mask_coarse(found)
+        if found is None:
+            words = self._masked(words_of(line), self._by_word, mask_word)
+        else:
+            words = self._masked(found, self._by_coarse_word, mask_coarse_word)
         if LEADER in line:
             _key_value(words)
         elif '":' in line:
             _json_pair(words)
         return words
 
-    def _mask_coarse(self, found: list[bytes]) -> list[str]:
-        return self._masked(found, self._by_coarse_word, mask_coarse_word)
-
-    def _mask_words(self, line: str) -> list[str]:
-        return self._masked(words_of(line), self._by_word, mask_word)
-
     def _masked(
-        self, found: Iterable[_W], cache: dict[_W, str], mask: Callable[[_W], str]
+        self, found: list[_W], cache: dict[_W, str], mask: Callable[[_W], str]
     ) -> list[str]:
         """Each word's masked form, from `cache` (cleared when full) or `mask`."""
-        get = cache.get
-        words = []
-        for word in found:
-            masked = get(word)
-            if masked is None:
-                masked = mask(word)
-                if len(cache) >= self.config.cache_entries:
-                    cache.clear()
-                cache[word] = masked
-            words.append(masked)
-        return words
+        words: list[str | None] = list(map(cache.get, found))
+        if None in words:
+            limit = self.config.cache_entries
+            for j, known in enumerate(words):
+                if known is None:
+                    word = found[j]
+                    masked = mask(word)
+                    if len(cache) >= limit:
+                        cache.clear()
+                    cache[word] = masked
+                    words[j] = masked
+        return words  # type: ignore[return-value]  # no None left
+
+    def _shape(self, word: str) -> tuple[str, int]:
+        (generic,), (kind,) = self._shapes_of([word])
+        return generic, kind
+
+    def _shapes_of(self, words: list[str]) -> tuple[list[str], list[int]]:
+        """The words' generic forms and kinds (two new lists), computed for new words only."""
+        cache = self._kinds
+        kinds: list[int | None] = list(map(cache.get, words))
+        if None in kinds:
+            generic_of = self._generic
+            if len(cache) + len(words) > self.config.cache_entries:
+                cache.clear()
+                generic_of.clear()
+                kinds = [None] * len(words)
+            for j, kind in enumerate(kinds):
+                if kind is None:
+                    word = words[j]
+                    generic_of[word], kinds[j] = _shape(word)
+                    cache[word] = kinds[j]  # type: ignore[assignment]
+        return list(map(self._generic.__getitem__, words)), kinds  # type: ignore[return-value]
 
     def _learn(self, line: str, words: list[str]) -> _Template:
-        shapes = [_shape(w) for w in words]
-        generic = [g for g, _ in shapes]
-        kinds = [k for _, k in shapes]
-        best, _ = self._best(words, generic, kinds)
+        generic, kinds = self._shapes_of(words)
+        best = self._best(words, generic, kinds)
         if best is None:
-            _, seps = split_words(line)
-            return self._create(words, seps)
+            return self._create(words, line, generic, kinds)
         changes = best.widening(words, generic)
         if changes:
             self._unindex(best)
-            best.widen(changes)
+            best.widen(changes, self._shape)
             best = self._index(best)
         return best
 
-    def _best(
-        self,
-        words: list[str],
-        generic: list[str] | None = None,
-        kinds: list[int] | None = None,
-    ) -> tuple[_Template | None, float]:
-        bucket = self._buckets.get(len(words))
+    def _best(self, words: list[str], generic: list[str], kinds: list[int]) -> _Template | None:
+        """The template at or above `similarity` most like the line (ties: the first in bucket
+        order with the highest count), or None."""
+        n = len(words)
+        bucket = self._buckets.get(n)
         if not bucket:
-            return None, 0.0
+            return None
         exact = bucket.get(" ".join(words))
         if exact is not None:
-            return exact, 1.0
-        if generic is None or kinds is None:
-            generic = [_shape(w)[0] for w in words]
-            kinds = [_shape(w)[1] for w in words]
+            return exact
+        candidates = bucket.values() if len(bucket) <= _SCAN else self._candidates(n, generic)
         best: _Template | None = None
         best_sim = -1.0
-        for t in bucket.values():
+        for t in candidates:
             sim = _similarity(t, generic, kinds)
             if sim > best_sim or (sim == best_sim and best is not None and t.count > best.count):
                 best, best_sim = t, sim
         if best is None or best_sim < self.config.similarity:
-            return None, best_sim
-        return best, best_sim
+            return None
+        return best
 
-    def _create(self, words: list[str], seps: list[str]) -> _Template:
-        t = _Template(self._next_id, list(words), seps, self._lines)
+    def _candidates(self, n: int, generic: list[str]) -> list[_Template]:
+        """The bucket's templates that share a signature word with the line, in bucket order:
+        every template the line is similar enough to join is among them (see `_sign`)."""
+        found = dict(self._unsigned.get(n, ()))
+        for words, b in zip(self._signatures.get(n, ()), generic, strict=False):
+            group = words.get(b)
+            if group is not None:
+                found.update(group)
+        return sorted(found.values(), key=_bucket_order)
+
+    def _sign(self, t: _Template) -> None:
+        """Enter `t` in its bucket's signature index: its last k text words, k one more than
+        the text words a line may miss and still reach `similarity`. The similarity's total
+        counts every text word of the template, so a line at or above it matches at least
+        one of any k of them; templates with no text word are always candidates."""
+        n = len(t.words)
+        self._seq += 1
+        t.seq = self._seq
+        text = [i for i, k in enumerate(t.kinds) if k in _TEXT]
+        if not text:
+            self._unsigned.setdefault(n, {})[t.id] = t
+            return
+        index = self._signatures.get(n)
+        if index is None:
+            index = self._signatures[n] = [{} for _ in range(n)]
+        keep = int((1.0 - self.config.similarity) * len(text) + 1e-9) + 1
+        for i in text[-keep:]:
+            a = t.generic[i]
+            index[i].setdefault(a, {})[t.id] = t
+            t.signature.append((i, a))
+
+    def _unsign(self, t: _Template) -> None:
+        if not t.seq:
+            return
+        t.seq = 0
+        n = len(t.words)
+        if t.signature:
+            index = self._signatures[n]
+            for i, a in t.signature:
+                group = index[i][a]
+                del group[t.id]
+                if not group:
+                    del index[i][a]
+            t.signature.clear()
+        else:
+            del self._unsigned[n][t.id]
+
+    def _create(
+        self, words: list[str], line: str, generic: list[str], kinds: list[int]
+    ) -> _Template:
+        """A new template from the line (`generic` and `kinds` become its own)."""
+        t = _Template(self._next_id, list(words), None, self._lines, generic, kinds, line)
         self._next_id += 1
         self._templates[t.id] = t
         t = self._index(t)
@@ -429,18 +585,21 @@ class TemplateMiner:
             self._unindex(twin)
             self._fold(keep=t, gone=twin)
         bucket[t.key] = t
-        text = sum(kind in (CONST, WORD) for kind in t.kinds)
+        self._sign(t)
+        kinds = t.kinds
+        text = len(kinds) - kinds.count(VAR) - kinds.count(WILD)
         if text <= self.config.sibling_context or len(t.words) > _MAX_SIBLING_WORDS:
             return t
-        for i, kind in enumerate(t.kinds):
+        words = tuple(t.words)
+        for i, kind in enumerate(kinds):
             if kind != WORD:
                 continue
-            hole = hash((i, *t.words[:i], *t.words[i + 1 :]))
+            hole = hash((i, words[:i], words[i + 1 :]))
             group = self._holes.setdefault(hole, {})
             group[t.id] = t
             t.holes.append((hole, i))
             self._value_holes.setdefault(t.words[i], {})[hole] = i
-            if self._variable_at(group, i):
+            if len(group) >= 2 and self._variable_at(group, i):
                 return self._collapse(list(group.values()), i)
         return t
 
@@ -452,11 +611,15 @@ class TemplateMiner:
         return len(group) >= 2 and sum(m.words[i] in known for m in group.values()) >= 2
 
     def _unindex(self, t: _Template) -> None:
-        bucket = self._buckets[len(t.words)]
+        n = len(t.words)
+        bucket = self._buckets[n]
         if bucket.get(t.key) is t:
             del bucket[t.key]
-            if not bucket:
-                del self._buckets[len(t.words)]
+        self._unsign(t)
+        if not bucket:
+            del self._buckets[n]
+            self._signatures.pop(n, None)
+            self._unsigned.pop(n, None)
         for hole, i in t.holes:
             group = self._holes[hole]
             del group[t.id]
@@ -550,7 +713,7 @@ class TemplateMiner:
                 {
                     "id": t.id,
                     "words": t.words,
-                    "seps": t.seps,
+                    "seps": t.separators(),
                     "count": t.count,
                     "first_seen": t.first_seen,
                     "last_seen": t.last_seen,
@@ -573,7 +736,8 @@ class TemplateMiner:
             miner._variable_words = {str(w) for w in data["variable_words"]}
             for raw in data["templates"]:
                 words = [str(w) for w in raw["words"]]
-                t = _Template(int(raw["id"]), words, [str(s) for s in raw["seps"]], 0)
+                seps = [str(s) for s in raw["seps"]]
+                t = _Template(int(raw["id"]), words, seps, 0, *miner._shapes_of(words))
                 t.count = int(raw["count"])
                 t.first_seen = int(raw["first_seen"])
                 t.last_seen = int(raw["last_seen"])

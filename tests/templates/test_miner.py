@@ -204,3 +204,26 @@ def test_json_config_pairs_share_templates_by_value_shape() -> None:
     view = miner.get(miner.add('    "type": "Adam", '))
     assert view is not None
     assert view.text == '    "<*>": <*>,'
+
+
+@pytest.mark.parametrize("name", ["Mac", "BGL", "Proxifier"])
+def test_the_signature_index_picks_what_comparing_every_template_picks(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large buckets are searched through the signature index; scanning every template of the
+    bucket (`_SCAN` past any bucket size) must group every line the same."""
+    from diagnoser.templates import miner as miner_module
+    from tests.templates.corpus import LOGHUB, read_lines
+
+    lines = read_lines(LOGHUB / name / f"{name}_2k.log")
+
+    def run() -> list[tuple[int, str, int]]:
+        miner = TemplateMiner()
+        ids = [miner.add(line) for line in lines]
+        return [(v.id, v.text, v.count) for tid in ids if (v := miner.get(tid)) is not None]
+
+    indexed = run()
+    monkeypatch.setattr(miner_module, "_SCAN", 10**9)
+    assert run() == indexed
+    monkeypatch.setattr(miner_module, "_SCAN", 0)
+    assert run() == indexed
