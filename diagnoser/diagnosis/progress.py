@@ -41,7 +41,7 @@ def step_search(line: str) -> regex.Match[str] | None:
     On an ASCII line the search starts where the first `step` or `iter` could begin a match
     (`global_step` puts it 7 characters in), not at the line's start: each match holds one of
     them, and `\\b` still sees the character before the start. A progress line's launcher and
-    logger prefixes are most of it, and skipping them halves the regex's cost."""
+    logger prefixes are most of it: skipping them takes about 40 % off the search."""
     lowered = line.lower()
     at_step, at_iter = lowered.find("step"), lowered.find("iter")
     if at_step < 0 and at_iter < 0:
