@@ -50,7 +50,10 @@ class Resources:
     """Wakes claim long polls and the action stream when actions change in this process."""
 
 
-def get_resources(request: Request) -> Resources:
+async def get_resources(request: Request) -> Resources:
+    """Async although it awaits nothing: FastAPI runs a plain `def` dependency in its thread
+    pool, a hop to a worker thread and back on every request (for ingest, thousands a
+    second) to read one attribute."""
     resources: Resources = request.app.state.resources
     return resources
 

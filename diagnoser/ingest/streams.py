@@ -94,11 +94,15 @@ def open_stream(
     return StreamPosition(row[0], row[1], row[2])
 
 
+_POSITION = select(STREAMS.c.committed_offset, STREAMS.c.lines).where(
+    STREAMS.c.id == bindparam("b_id")
+)
+"""Built once, as `_ADVANCE` below: every upload of a known stream starts with it."""
+
+
 def stream_position(conn: Connection, stream_id: int) -> StreamPosition | None:
     """Where a known stream stands, or None if it no longer exists."""
-    row = conn.execute(
-        select(STREAMS.c.committed_offset, STREAMS.c.lines).where(STREAMS.c.id == stream_id)
-    ).first()
+    row = conn.execute(_POSITION, {"b_id": stream_id}).first()
     return None if row is None else StreamPosition(stream_id, row[0], row[1])
 
 

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from diagnoser.diagnosis.progress import Progress
+from diagnoser.diagnosis.progress import STEP, Progress, may_step, step_search
 from diagnoser.rules import make_batch
 
 
@@ -53,3 +55,22 @@ def test_the_step_never_goes_backwards_across_batches() -> None:
     progress.observe(make_batch(["step 50"]))
     progress.observe(make_batch(["[rank7]: step 49"]))  # a slower rank
     assert progress.as_record() == {"last_step": 50}
+
+
+def test_the_step_search_finds_what_the_step_regex_finds() -> None:
+    """`step_search` starts the search at the first `step` or `iter`: on lines built from the
+    keywords, their neighbours and letters that case-fold, it finds what `STEP.search` finds
+    on every line `may_step` lets through."""
+    pieces = [
+        "step", "STEP", "Step", "iter", "Iteration", "global_step", "global_STEP", "xstep",
+        "_step", "steps", "iters", "\u017ftep", "\u0130ter", "\u212a", " ", ": ", "=", "#",
+        "_", "12", "3x", "[rank1]: ", "/", "-", "\t", "loss=2.5 ", "global_", "9" * 11,
+    ]  # fmt: skip
+    rng = random.Random(7)
+    for _ in range(5000):
+        line = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 9)))
+        found = step_search(line)
+        expected = STEP.search(line) if may_step(line) else None
+        assert (found and (found.span(), found.group(1))) == (
+            expected and (expected.span(), expected.group(1))
+        ), line

@@ -220,7 +220,8 @@ def test_the_literal_loss_search_finds_what_the_loss_regex_finds() -> None:
     pieces = [
         "loss", "LOSS", "Loss", "lm loss", "lm_loss", "xlm loss", "train_loss", "val_loss",
         "/loss", "(loss)", " (avg)", "loss scale", ": ", "=", "'", "2.5", "nan", "-inf", "1e-3",
-        "3.", " ", " | ", "lossy", "İ", "step 3",
+        "3.", " ", " | ", "lossy", "İ", "step 3", ",", ")", "]", "}", ";", "\t", "xtrain_loss",
+        "train loss", "2", ".", "e5", "2.5e", "  ", "(avg)",
     ]  # fmt: skip
     rng = random.Random(5)
     for _ in range(5000):
