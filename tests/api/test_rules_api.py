@@ -12,6 +12,10 @@ import pytest
 from tests.servers import ServiceProcess, wait_until
 
 PACK = Path(__file__).resolve().parents[2] / "rules"
+RELOAD_TIMEOUT_S = 60
+"""A reload compiles the whole pack (158 rules, the hyperscan prefilter) and, after a file edit,
+waits behind the watcher's reload of the same edit: seconds on a loaded machine, longer than
+httpx's 5 s default. A deadline for the answer, not a timed assertion."""
 
 
 @pytest.fixture
@@ -51,7 +55,7 @@ def test_a_broken_file_is_rejected_and_the_old_set_stays(
     nccl = rules_dir / "nccl.yaml"
     good = nccl.read_text()
     nccl.write_text(good.replace("    scope: job\n", "    scope: job\n    colour: red\n", 1))
-    response = httpx.post(f"{service.base_url}/v1/rules/reload")
+    response = httpx.post(f"{service.base_url}/v1/rules/reload", timeout=RELOAD_TIMEOUT_S)
     assert response.status_code == 422
     body = response.json()
     assert body["error"] == "invalid_rules"
@@ -60,7 +64,7 @@ def test_a_broken_file_is_rejected_and_the_old_set_stays(
     assert rules(service)["last_reload_errors"]
 
     nccl.write_text(good.replace("NCCL collective timeouts", "NCCL collective time-outs", 1))
-    response = httpx.post(f"{service.base_url}/v1/rules/reload")
+    response = httpx.post(f"{service.base_url}/v1/rules/reload", timeout=RELOAD_TIMEOUT_S)
     assert response.status_code == 200
     assert response.json()["digest"] != before
     assert response.json()["last_reload_errors"] == []

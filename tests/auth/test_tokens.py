@@ -131,7 +131,9 @@ def test_admin_changes_are_audited_with_the_token_that_made_them(
     service: ServiceProcess, admin: Token
 ) -> None:
     base = service.base_url
-    assert httpx.post(f"{base}/v1/rules/reload", headers=admin.headers).status_code == 200
+    assert (
+        httpx.post(f"{base}/v1/rules/reload", headers=admin.headers, timeout=60).status_code == 200
+    )
     created = httpx.post(
         f"{base}/v1/tokens",
         json={"role": "ingest", "node": "node-a", "jobs": "train-*", "expires_in_s": 3600},
