@@ -1,4 +1,5 @@
-"""The shared harness of the family tables (test_*_families.py, test_breadth_pass4.py).
+"""The shared harness of the family tables (test_*_families.py, test_breadth_pass4.py,
+test_escalation.py).
 
 Each table file keeps its own progress lines, so the families are read after several loggers'
 training steps; the way a table row becomes a log and a verdict is the same everywhere.

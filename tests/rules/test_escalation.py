@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.diagnosis.correlate import Status, Verdict
-from diagnoser.diagnosis.offline import diagnose, node_logs
+from diagnoser.diagnosis.correlate import Status
 from diagnoser.rules import Action, RuleSet
+from tests.rules.families import verdict_of
 
 STEPS = "".join(
     f" iteration {i:>6}/  500000 | consumed samples: {i * 128:>10} | lm loss: 2.41E+00 |\n"
@@ -159,20 +159,11 @@ HEALTHY = {
 }
 
 
-def verdict_of(pack: RuleSet, tmp_path: Path, *texts: str) -> Verdict:
-    paths = []
-    for i, text in enumerate(texts):
-        path = tmp_path / f"node-{i}.log"
-        path.write_text(STEPS + text + "\n", encoding="utf-8")
-        paths.append(path)
-    return diagnose(node_logs(paths), pack).verdict
-
-
 @pytest.mark.parametrize("line", FAILING.values(), ids=list(FAILING))
 def test_a_failure_report_no_rule_explains_is_never_healthy(
     pack: RuleSet, tmp_path: Path, line: str
 ) -> None:
-    verdict = verdict_of(pack, tmp_path, line)
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
     assert verdict.status is not Status.HEALTHY
     assert verdict.action is not Action.NONE
     assert verdict.action is not Action.CORDON_NODE_AND_RESTART
@@ -184,7 +175,7 @@ def test_a_failure_report_no_rule_explains_is_never_healthy(
 def test_a_healthy_run_printing_warnings_and_retries_stays_healthy(
     pack: RuleSet, tmp_path: Path, text: str
 ) -> None:
-    assert verdict_of(pack, tmp_path, text).status is Status.HEALTHY
+    assert verdict_of(pack, tmp_path, STEPS, text).status is Status.HEALTHY
 
 
 WATCHDOG = (
@@ -205,10 +196,10 @@ def test_a_catch_all_never_hides_the_specific_diagnosis(pack: RuleSet, tmp_path:
             "srun: error: gpu-node-1: task 1: Aborted",
         ]
     )
-    verdict = verdict_of(pack, tmp_path, aborted)
+    verdict = verdict_of(pack, tmp_path, STEPS, aborted)
     assert (verdict.failure_type, verdict.action) == ("nccl_timeout", Action.RESTART_JOB)
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
-    verdict = verdict_of(pack, tmp_path, oom, "srun: error: gpu-node-2: task 0: Killed")
+    verdict = verdict_of(pack, tmp_path, STEPS, oom, "srun: error: gpu-node-2: task 0: Killed")
     assert (verdict.failure_type, verdict.action) == ("cuda_oom", Action.NOTIFY_USER)
 
 
@@ -219,12 +210,12 @@ def test_a_complete_traceback_keeps_its_classification(pack: RuleSet, tmp_path: 
         "    main()\n"
         "KeyError: 'labels'"
     )
-    verdict = verdict_of(pack, tmp_path, traceback)
+    verdict = verdict_of(pack, tmp_path, STEPS, traceback)
     assert (verdict.failure_type, verdict.action) == ("KeyError", Action.NOTIFY_USER)
 
 
 def test_the_escalation_names_its_lines(pack: RuleSet, tmp_path: Path) -> None:
-    verdict = verdict_of(pack, tmp_path, FAILING["faulthandler"], FAILING["slurm task exit"])
+    verdict = verdict_of(pack, tmp_path, STEPS, FAILING["faulthandler"], FAILING["slurm task exit"])
     assert verdict.action is Action.ESCALATE
     texts = {event.text for event in verdict.evidence}
     assert {FAILING["faulthandler"], FAILING["slurm task exit"]} <= texts
@@ -242,7 +233,7 @@ CUT_TRACEBACK = (
 def test_a_traceback_cut_before_its_exception_line_escalates(pack: RuleSet, tmp_path: Path) -> None:
     """The excerpt (or the stream) ends inside the traceback: its frames are nobody's evidence,
     so the catch-all names them instead of calling the log healthy."""
-    verdict = verdict_of(pack, tmp_path, CUT_TRACEBACK)
+    verdict = verdict_of(pack, tmp_path, STEPS, CUT_TRACEBACK)
     assert (verdict.status, verdict.action) == (Status.INCONCLUSIVE, Action.ESCALATE)
     assert verdict.failure_type == "unexplained_traceback"
     assert verdict.root is not None
@@ -253,7 +244,7 @@ def test_a_traceback_buried_in_other_output_escalates(pack: RuleSet, tmp_path: P
     """Ranks writing over a traceback until the assembler gives up on it, then the run goes on
     printing progress: the header and frames still show that something raised."""
     chatter = "\n".join(f"step {i} | throughput 812 samples/s" for i in range(30))
-    verdict = verdict_of(pack, tmp_path, CUT_TRACEBACK + "\n" + chatter)
+    verdict = verdict_of(pack, tmp_path, STEPS, CUT_TRACEBACK + "\n" + chatter)
     assert verdict.action is Action.ESCALATE
     assert verdict.failure_type == "unexplained_traceback"
 
@@ -261,7 +252,7 @@ def test_a_traceback_buried_in_other_output_escalates(pack: RuleSet, tmp_path: P
 def test_a_traceback_header_nothing_followed_escalates(pack: RuleSet, tmp_path: Path) -> None:
     """Training goes on printing after the header, no frame and no exception came: Python
     printed it for an exception all the same, so the log is not healthy."""
-    verdict = verdict_of(pack, tmp_path, "Traceback (most recent call last):\n" + STEPS)
+    verdict = verdict_of(pack, tmp_path, STEPS, "Traceback (most recent call last):\n" + STEPS)
     assert (verdict.status, verdict.action) == (Status.INCONCLUSIVE, Action.ESCALATE)
     assert verdict.root is not None
     assert verdict.root.text == "Traceback (most recent call last):"
