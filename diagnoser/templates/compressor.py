@@ -699,18 +699,11 @@ class JobCompression:
             reader = readers.get(slot, True) if slot is not None else True
             line_no = first + i
             if isinstance(reader, Extractor):
-                if reads is None:
-                    values = reader.read(lines[i])
-                    if values is not None:
-                        signals.record(values, line_no)
-                        continue
-                else:
-                    both = reader.read_both(lines[i])
-                    if both is not None:
-                        signals.record(both[0], line_no)
-                        if both[1] is not None:
-                            reads[at + i] = both[1]
-                        continue
+                read = reader.record(lines[i], signals, line_no, reads is not None)
+                if read is not False:
+                    if read is not None and read is not True and reads is not None:
+                        reads[at + i] = read
+                    continue
             signals.observe(lines[i], line_no)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -82,7 +83,7 @@ class Extractor:
     it (`LossPlan`): the line is then read once for both.
     """
 
-    __slots__ = ("_fullmatch", "_metrics", "names", "plan")
+    __slots__ = ("_fullmatch", "_metrics", "_rest", "_step_at", "names", "plan")
 
     def __init__(
         self, fullmatch: re.Pattern[str], names: dict[str, str], plan: LossPlan | None = None
@@ -94,6 +95,10 @@ class Extractor:
         """The metrics in group order: the pattern's only groups are these named ones."""
         self.plan = plan
         """Where `observe_loss` would find its step and loss (None: not provable)."""
+        metrics = self._metrics
+        self._step_at = metrics.index("step") if "step" in metrics else None
+        self._rest = tuple((k, name) for k, name in enumerate(metrics) if name != "step")
+        """(index, metric) of the groups `Signals.record` reads after the step, in order."""
 
     @classmethod
     def of(cls, template: str) -> Extractor | None:
@@ -133,6 +138,22 @@ class Extractor:
         if m is None:
             return None
         return dict(zip(self._metrics, map(float, m.groups()), strict=True))
+
+    def record(
+        self, line: str, signals: Signals, line_no: int, plan: bool = False
+    ) -> LossRead | bool | None:
+        """`signals.record(self.read(line), line_no)` without the dict: False when the line
+        does not match; else, with `plan`, the line's `LossRead` where the plan proves it."""
+        m = self._fullmatch(line)
+        if m is None:
+            return False
+        texts = m.groups()
+        values = tuple(map(float, texts))
+        at = self._step_at
+        signals.record_row(values[at] if at is not None else None, self._rest, values, line_no)
+        if plan and self.plan is not None:
+            return self.plan.read(line, texts, values)
+        return None
 
     def read_both(self, line: str) -> tuple[dict[str, float], LossRead | None] | None:
         """`read`, and the `LossRead` of the line where the plan proves it (else None)."""
@@ -428,12 +449,23 @@ class Signals:
 
     def record(self, values: dict[str, float], line_no: int) -> None:
         """Numbers read from one progress line (by `observe` or a template's `Extractor`)."""
-        step = values.get("step")
+        names = [name for name in values if name != "step"]
+        row = tuple(values[name] for name in names)
+        self.record_row(values.get("step"), tuple(enumerate(names)), row, line_no)
+
+    def record_row(
+        self,
+        step: float | None,
+        rest: Sequence[tuple[int, str]],
+        values: Sequence[float],
+        line_no: int,
+    ) -> None:
+        """`record` of a line's step, then of each (index, metric) of `rest` (`values[index]`),
+        in that order."""
         if step is not None and math.isfinite(step):
             self.step = int(step)
-        for name, value in values.items():
-            if name == "step":
-                continue
+        for key, name in rest:
+            value = values[key]
             if name == "loss":
                 self._loss(value, line_no)
             elif name == "lr":
