@@ -200,7 +200,8 @@ class DiagnosisStage:
         state = self._job(key.job_id)
         now = self.clock()
         step = state.progress.last_step
-        state.progress.observe(batch)
+        reads = self.loss_reads(batch) if self.loss_reads is not None else None
+        state.progress.observe(batch, reads)
         state.nodes.add(key.node)
         state.batches += 1
         if batch.lines:
@@ -208,7 +209,6 @@ class DiagnosisStage:
         events = state.scanner.feed(key.node, key.rank, batch, now)
         if key.attested:
             events = [_attested(event, key.node) for event in events]
-        reads = self.loss_reads(batch) if self.loss_reads is not None else None
         raised = state.signals.feed(key.node, key.rank, batch, now, reads)
         if raised:
             events = [*events, *unexplained(raised, events)]
