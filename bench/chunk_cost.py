@@ -51,7 +51,9 @@ def chunks(nodes: int, seconds: int, rate: int, seed: int) -> list[tuple[int, by
 
 def run(work: list[tuple[int, bytes]], nodes: int, registry: RuleRegistry) -> tuple[float, int]:
     """CPU seconds and lines of one replay through a fresh pipeline."""
-    pipeline = Pipeline([LineCounter(), CompressionStage(registry), DiagnosisStage(registry)])
+    compression = CompressionStage(registry)
+    live = DiagnosisStage(registry, loss_reads=compression.share_loss_reads())
+    pipeline = Pipeline([LineCounter(), compression, live])
     keys = [
         StreamKey(f"job-{n // JOB_NODES:03d}", f"gpu-node-{n:04d}", f"gpu-node-{n:04d}", None)
         for n in range(nodes)

@@ -345,11 +345,14 @@ def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
             functools.partial(RuleRegistry, settings.rules_dir, compiled=rules)
         )
         reloader = RuleReloader(registry)
+        compression_stage = CompressionStage(registry)
         stage = DiagnosisStage(
-            registry, hang_action=Action(settings.hang.action), signals=settings.signals.config()
+            registry,
+            hang_action=Action(settings.hang.action),
+            signals=settings.signals.config(),
+            loss_reads=compression_stage.share_loss_reads(),
         )
         counter = LineCounter()
-        compression_stage = CompressionStage(registry)
         pipeline = Pipeline([counter, compression_stage, stage])
         filter_store = FilterStore(sessions, compression_stage)
         kept_lines = KeptLineStore(sessions, compression_stage)

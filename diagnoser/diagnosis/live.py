@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from diagnoser.diagnosis import hang
@@ -27,7 +27,7 @@ from diagnoser.diagnosis.trace import Trace, assemble
 from diagnoser.ingest.framing import LineBatch
 from diagnoser.pipeline import StreamKey
 from diagnoser.rules import Action, JobScanner, RuleEvent, RuleRegistry, RuleSet
-from diagnoser.templates.signals import SignalConfig
+from diagnoser.templates.signals import LossRead, SignalConfig
 
 MAX_EVENTS_PER_JOB = 2000
 MAX_JOBS = 10_000
@@ -145,8 +145,12 @@ class DiagnosisStage:
         max_jobs: int = MAX_JOBS,
         hang_action: Action = hang.DEFAULT_ACTION,
         signals: SignalConfig | None = None,
+        loss_reads: Callable[[LineBatch], Mapping[int, LossRead] | None] | None = None,
     ) -> None:
         self.registry = registry
+        self.loss_reads = loss_reads
+        """What an earlier stage read of a batch's progress lines for the loss reader
+        (`CompressionStage.share_loss_reads`): those lines are not read again."""
         self.signals = signals or SignalConfig()
         """Loss-spike threshold and window (`DIAGNOSER_SIGNALS__*`)."""
         self.hang_action = hang_action
@@ -196,7 +200,8 @@ class DiagnosisStage:
         state = self._job(key.job_id)
         now = self.clock()
         step = state.progress.last_step
-        state.progress.observe(batch)
+        reads = self.loss_reads(batch) if self.loss_reads is not None else None
+        state.progress.observe(batch, reads)
         state.nodes.add(key.node)
         state.batches += 1
         if batch.lines:
@@ -204,7 +209,7 @@ class DiagnosisStage:
         events = state.scanner.feed(key.node, key.rank, batch, now)
         if key.attested:
             events = [_attested(event, key.node) for event in events]
-        raised = state.signals.feed(key.node, key.rank, batch, now)
+        raised = state.signals.feed(key.node, key.rank, batch, now, reads)
         if raised:
             events = [*events, *unexplained(raised, events)]
         if events:

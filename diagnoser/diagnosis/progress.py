@@ -12,11 +12,16 @@ from the end), and checkpoint lines are looked for only when the batch's text co
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import regex
 
 from diagnoser.ingest.framing import LineBatch
+
+if TYPE_CHECKING:  # templates.signals imports this module's patterns
+    from diagnoser.templates.signals import LossRead
 
 STEP = regex.compile(r"(?i)\b(?:iteration|iter|global_step|step)\s*[:=#]?\s*(\d{1,10})\b")
 CHECKPOINT_STEP = regex.compile(
@@ -57,13 +62,22 @@ class Progress:
     last_step: int | None = None
     last_checkpoint_step: int | None = None
 
-    def observe(self, batch: LineBatch) -> None:
+    def observe(self, batch: LineBatch, reads: Mapping[int, LossRead] | None = None) -> None:
+        """`reads`: lines whose step an earlier stage read already (batch index -> `LossRead`,
+        whose step is `step_search`'s), not searched again."""
         lines = batch.lines
-        for line in reversed(lines[-TAIL_LINES:]):
-            if (match := step_search(line)) is not None:
+        for i in range(len(lines) - 1, max(0, len(lines) - TAIL_LINES) - 1, -1):
+            read = reads.get(i) if reads else None
+            if read is not None:
+                if read[0] is None:
+                    continue
+                step = read[0]
+            elif (match := step_search(lines[i])) is not None:
                 step = int(match.group(1))
-                self.last_step = max(step, self.last_step or 0)
-                break
+            else:
+                continue
+            self.last_step = max(step, self.last_step or 0)
+            break
         if "heckpoint" not in "\n".join(lines):
             return
         for line in lines:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from diagnoser.diagnosis.correlate import SIGNAL_RULE_PREFIX, Verdict
 from diagnoser.ingest.framing import LineBatch
 from diagnoser.rules import Action, Category, RuleEvent, Scope, Severity
-from diagnoser.templates.signals import Signal, SignalConfig, SignalKind, Signals
+from diagnoser.templates.signals import LossRead, Signal, SignalConfig, SignalKind, Signals
 
 DIAGNOSED: dict[SignalKind, Severity] = {
     SignalKind.NAN_LOSS: Severity.ERROR,
@@ -55,8 +55,16 @@ class SignalReader:
     def resume_from_step(self) -> int | None:
         return self.first.resume_from if self.first is not None else None
 
-    def feed(self, node: str, rank: int | None, batch: LineBatch, now: float) -> list[RuleEvent]:
-        """Events for the diagnosed signals the batch's lines raise."""
+    def feed(
+        self,
+        node: str,
+        rank: int | None,
+        batch: LineBatch,
+        now: float,
+        reads: Mapping[int, LossRead] | None = None,
+    ) -> list[RuleEvent]:
+        """Events for the diagnosed signals the batch's lines raise. `reads`: what an earlier
+        stage read of some of the lines (batch index -> `LossRead`), taken as read here."""
         lines = batch.lines
         if not lines:
             return []
@@ -68,7 +76,11 @@ class SignalReader:
         for i, line in enumerate(lines):
             if "oss" not in line and "heckpoint" not in line:
                 continue
-            signals.observe_loss(line, batch.first_line_no + i)
+            read = reads.get(i) if reads else None
+            if read is None:
+                signals.observe_loss(line, batch.first_line_no + i)
+            else:
+                signals.take_loss(read, batch.first_line_no + i)
             if not signals.raised:
                 continue
             for signal in signals.raised:

@@ -106,6 +106,20 @@ def stream_position(conn: Connection, stream_id: int) -> StreamPosition | None:
     return None if row is None else StreamPosition(stream_id, row[0], row[1])
 
 
+_POSITIONS = select(STREAMS.c.id, STREAMS.c.committed_offset, STREAMS.c.lines).where(
+    STREAMS.c.id.in_(bindparam("b_ids", expanding=True))
+)
+
+
+def stream_positions(conn: Connection, stream_ids: Sequence[int]) -> dict[int, StreamPosition]:
+    """Where each of several known streams stands, in one statement (streams that no longer
+    exist are missing)."""
+    if not stream_ids:
+        return {}
+    rows = conn.execute(_POSITIONS, {"b_ids": list(stream_ids)})
+    return {row[0]: StreamPosition(row[0], row[1], row[2]) for row in rows}
+
+
 @dataclass(frozen=True, slots=True)
 class Progress:
     """What one commit adds to a stream, relative to the offset it started from."""

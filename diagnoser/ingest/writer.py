@@ -27,7 +27,7 @@ from diagnoser.ingest.streams import (
     StreamPosition,
     commit_many,
     open_stream,
-    stream_position,
+    stream_positions,
 )
 from diagnoser.pipeline import Pipeline, StreamKey
 from diagnoser.store.database import Sessions
@@ -163,6 +163,60 @@ class CommitGroup:
             for _, future in [*batch, *self._queue]:
                 if not future.done():  # only when the loop itself is stopping
                     future.set_exception(RuntimeError("the commit group stopped"))
+            self._queue.clear()
+
+
+class PositionGroup:
+    """The position reads of every upload of a known stream in this process, taken together:
+    the reads that wait when a transaction ends share the next one, one statement for all
+    (at most MAX_GROUP streams), as `CommitGroup` does for commits.
+
+    Each read is still made after its upload holds its stream's lock, so it is as fresh as a
+    read of its own; a lone read costs what it cost alone.
+    """
+
+    def __init__(self, sessions: Sessions) -> None:
+        self.sessions = sessions
+        self._queue: list[tuple[int, asyncio.Future[StreamPosition | None]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.transactions = 0
+        """Transactions the reads took so far (fewer than reads under load)."""
+
+    async def read(self, stream_id: int) -> StreamPosition | None:
+        """Where the stream stands now, or None if it no longer exists."""
+        future: asyncio.Future[StreamPosition | None] = asyncio.get_running_loop().create_future()
+        self._queue.append((stream_id, future))
+        if self._task is None:
+            self._task = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        batch: list[tuple[int, asyncio.Future[StreamPosition | None]]] = []
+        try:
+            await asyncio.sleep(0)  # the reads queued in this turn of the loop come along
+            while self._queue:
+                batch = self._queue[:MAX_GROUP]
+                del self._queue[:MAX_GROUP]
+                ids = sorted({stream_id for stream_id, _ in batch})
+                try:
+                    found = await self.sessions.run(
+                        functools.partial(stream_positions, stream_ids=ids)
+                    )
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                else:
+                    for stream_id, future in batch:
+                        if not future.done():
+                            future.set_result(found.get(stream_id))
+                self.transactions += 1
+                batch = []
+        finally:
+            self._task = None
+            for _, future in [*batch, *self._queue]:
+                if not future.done():  # only when the loop itself is stopping
+                    future.set_exception(RuntimeError("the position group stopped"))
             self._queue.clear()
 
 
@@ -303,11 +357,13 @@ class StreamWriter:
     """Stream ids already created: a later request reads its offset in one statement."""
     totals: WriteTotals = field(default_factory=WriteTotals)
     group: CommitGroup = field(init=False)
+    positions: PositionGroup = field(init=False)
     active: set[_Commits] = field(default_factory=set)
     """The writes in progress: what the ingest lag is measured over."""
 
     def __post_init__(self) -> None:
         self.group = CommitGroup(self.sessions, self.totals)
+        self.positions = PositionGroup(self.sessions)
 
     def uncommitted_age_s(self) -> float:
         """How long the oldest line framed but not yet committed has waited (0: none waits).
@@ -330,8 +386,7 @@ class StreamWriter:
         cache_key = (key.job_id, key.stream)
         stream_id = self.known.get(cache_key)
         if stream_id is not None and not job_metadata:
-            known = stream_id
-            position = await self.sessions.run(lambda conn: stream_position(conn, known))
+            position = await self.positions.read(stream_id)
             if position is not None:
                 self.known.move_to_end(cache_key)
                 return position

@@ -25,7 +25,13 @@ from diagnoser.templates.filters import Filter, FilterSet, Proposer, Rejection, 
 from diagnoser.templates.guard import Guard, GuardReason, GuardState
 from diagnoser.templates.miner import MinerConfig, TemplateMiner
 from diagnoser.templates.model import Slot, TemplateView
-from diagnoser.templates.signals import PROGRESS_WORDS, Extractor, SignalConfig, Signals
+from diagnoser.templates.signals import (
+    PROGRESS_WORDS,
+    Extractor,
+    LossRead,
+    SignalConfig,
+    Signals,
+)
 from diagnoser.templates.validation import Validator, compile_filter
 
 _RANK = regex.compile(
@@ -207,6 +213,7 @@ class Compressor:
         self._next_try: dict[int, int] = {}
         self._progress: dict[int, bool] = {}
         self._extractors: dict[int, Extractor | None] = {}
+        self._last_readers: tuple[list[Filter], int, dict[int, Extractor | bool]] | None = None
         self.lines_in = 0
         """Lines fed across every job of the family (the miner's line numbers)."""
         self.jobs_started = 0
@@ -295,6 +302,20 @@ class Compressor:
             known = self._progress[template_id] = PROGRESS_WORDS.search(text) is not None
         return known
 
+    def _readers(self, active: list[Filter]) -> dict[int, Extractor | bool]:
+        """`_reader` of each filter of a match's list that has one, by index; kept for the
+        last list (a filter set hands out the same list until its filters change)."""
+        last = self._last_readers
+        if last is not None and last[0] is active and last[1] == len(active):
+            return last[2]
+        readers: dict[int, Extractor | bool] = {}
+        for x, f in enumerate(active):
+            reader = self._reader(f)
+            if reader is not False:
+                readers[x] = reader
+        self._last_readers = (active, len(active), readers)
+        return readers
+
     def _reader(self, f: Filter) -> Extractor | bool:
         """How to read a filter's lines for signals: an extractor, True (slow path), False."""
         if "checkpoint" in f.template.lower():
@@ -358,6 +379,12 @@ class JobCompression:
         self._warm_up = True
         self._shift = 0
         """Stream line number minus job line number, for the batch being fed."""
+        self.loss_reads: dict[int, LossRead] | None = None
+        """When set (a dict), `feed` fills it: batch index -> what `Signals.observe_loss`
+        reads from that line, for the progress lines an extractor read and proved
+        (`LossPlan`), so the live diagnosis need not read them again."""
+        self._at = 0
+        """Index in the batch of the first line of the part being compressed."""
         self.filters: FilterSet | None = None
         """Filters of this job alone (`job`-scope rows), tried on what the family's left."""
 
@@ -415,6 +442,7 @@ class JobCompression:
             size = config.warmup_chunk_lines if self._warm_up else config.chunk_lines
             part = ranks[start : start + size] if ranks is not None else None
             chunk = lines[start : start + size]
+            self._at = start
             found = self._feed(chunk, stream, part, node)
             self._warm_up = len(found) * 4 > len(chunk)
             kept.extend(start + i for i in found)
@@ -439,7 +467,9 @@ class JobCompression:
         kept: list[int] = []
         start = 0
         matched: tuple[list[int | None], list[Filter]] | None = None
+        at = self._at
         while start < len(lines):
+            self._at = at + start
             if start:
                 part = lines[start:]
                 shifted = {i - start: r for i, r in guarded.items() if i >= start}
@@ -655,25 +685,24 @@ class JobCompression:
         lines and kept lines, which are few, by the generic `Signals.observe`.
         """
         c = self.compressor
-        readers: dict[int, Extractor | bool] = {}
-        for x, f in enumerate(active):
-            reader = c._reader(f)
-            if reader is not False:
-                readers[x] = reader
+        readers = c._readers(active)
         if not readers and not kept:
             return
         chosen = [i for i, x in enumerate(idx) if x in readers] if readers else []
         if kept:
             chosen = sorted(chosen + kept)
         signals = self.log.signals
+        reads = self.loss_reads
+        at = self._at
         for i in chosen:
             slot = idx[i]
             reader = readers.get(slot, True) if slot is not None else True
             line_no = first + i
             if isinstance(reader, Extractor):
-                values = reader.read(lines[i])
-                if values is not None:
-                    signals.record(values, line_no)
+                read = reader.record(lines[i], signals, line_no, reads is not None)
+                if read is not False:
+                    if read is not None and read is not True and reads is not None:
+                        reads[at + i] = read
                     continue
             signals.observe(lines[i], line_no)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -76,24 +77,40 @@ class Extractor:
 
     Built from the template text: each INT or FLOAT slot right after a known name (`loss=`,
     `lm loss:`, `iteration`, `grad_norm=`, `tokens/s=`) becomes a named group.
+
+    `loss_read` also gives what `Signals.observe_loss` (the live diagnosis's reader) would
+    read from a line the extractor matched, from the same match, where the template proves
+    it (`LossPlan`): the line is then read once for both.
     """
 
-    __slots__ = ("_fullmatch", "_metrics", "names")
+    __slots__ = ("_fullmatch", "_metrics", "_rest", "_step_at", "names", "plan")
 
-    def __init__(self, fullmatch: re.Pattern[str], names: dict[str, str]) -> None:
+    def __init__(
+        self, fullmatch: re.Pattern[str], names: dict[str, str], plan: LossPlan | None = None
+    ) -> None:
         self._fullmatch = fullmatch.fullmatch
         self.names = names
         """Group name -> metric (step, loss, lr, grad_norm, throughput)."""
         self._metrics = tuple(names[group] for group in fullmatch.groupindex)
         """The metrics in group order: the pattern's only groups are these named ones."""
+        self.plan = plan
+        """Where `observe_loss` would find its step and loss (None: not provable)."""
+        metrics = self._metrics
+        self._step_at = metrics.index("step") if "step" in metrics else None
+        self._rest = tuple((k, name) for k, name in enumerate(metrics) if name != "step")
+        """(index, metric) of the groups `Signals.record` reads after the step, in order."""
 
     @classmethod
     def of(cls, template: str) -> Extractor | None:
         parts: list[str] = []
         names: dict[str, str] = {}
+        literals: list[str] = []
+        groups: list[int | None] = []
+        """Per slot, the index of its group in the match (None: not a named group)."""
         pos = 0
         for m in _SLOT.finditer(template):
             literal = template[pos : m.start()]
+            literals.append(literal)
             parts.append(_literal(literal))
             slot = m.group(1)
             name = _LAST_NAME.search(literal)
@@ -102,21 +119,52 @@ class Extractor:
                 metric = _NAMES.get(name.group(1).split()[-1].lower())
             if metric is not None and slot in _VALUE_SLOT and metric not in names.values():
                 group = f"g{len(names)}"
+                groups.append(len(names))
                 names[group] = metric
                 parts.append(f"[ \\t]*(?P<{group}>{_VALUE_SLOT[slot]})[ \\t]*")
             else:
+                groups.append(None)
                 parts.append("[ \\t]*[^ \\t]+?[ \\t]*" if slot == "*" else "[ \\t]*.+?[ \\t]*")
             pos = m.end()
+        literals.append(template[pos:])
         parts.append(_literal(template[pos:]))
         if not names:
             return None
-        return cls(re.compile("[ \\t]*" + "".join(parts) + "[ \\t]*"), names)
+        pattern = re.compile("[ \\t]*" + "".join(parts) + "[ \\t]*")
+        return cls(pattern, names, LossPlan.of(literals, groups))
 
     def read(self, line: str) -> dict[str, float] | None:
         m = self._fullmatch(line)
         if m is None:
             return None
         return dict(zip(self._metrics, map(float, m.groups()), strict=True))
+
+    def record(
+        self, line: str, signals: Signals, line_no: int, plan: bool = False
+    ) -> LossRead | bool | None:
+        """`signals.record(self.read(line), line_no)` without the dict: False when the line
+        does not match; else, with `plan`, the line's `LossRead` where the plan proves it."""
+        m = self._fullmatch(line)
+        if m is None:
+            return False
+        texts = m.groups()
+        values = tuple(map(float, texts))
+        at = self._step_at
+        signals.record_row(values[at] if at is not None else None, self._rest, values, line_no)
+        if plan and self.plan is not None:
+            return self.plan.read(line, texts, values)
+        return None
+
+    def read_both(self, line: str) -> tuple[dict[str, float], LossRead | None] | None:
+        """`read`, and the `LossRead` of the line where the plan proves it (else None)."""
+        m = self._fullmatch(line)
+        if m is None:
+            return None
+        texts = m.groups()
+        values = tuple(map(float, texts))
+        plan = self.plan
+        read = plan.read(line, texts, values) if plan is not None else None
+        return dict(zip(self._metrics, values, strict=True)), read
 
 
 _LOSS_VALUE = regex.compile(
@@ -174,6 +222,138 @@ def _literal(text: str) -> str:
     return "[ \\t]+".join(re.escape(p) for p in re.split(r"[ \t]+", text))
 
 
+LossRead = tuple[int | None, float | None]
+"""What `Signals.observe_loss` reads from a line that is no checkpoint save: its step and its
+loss (None: the line has none)."""
+
+_STEP_KEY = regex.compile(r"(?i)(?:iteration|iter|global_step|step)[ \t]*[:=#]?[ \t]*")
+"""A literal that ends in a step key and its separator: `STEP`'s number is the next slot."""
+_LOSS_KEY = regex.compile(r"(?i)(?:lm[ _]loss|train[ _]loss|loss)['\"]?[ \t]*[:=]?[ \t]*")
+"""Likewise for `LOSS` (no parenthesis: whitespace in one could outgrow its 20 characters)."""
+_LOSS_NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+)")
+"""A slot's text that `LOSS`'s number takes whole (it is followed by no word character)."""
+_WORDS = ("step", "iter", "loss")
+"""Every `STEP` match holds `step` or `iter`, every `LOSS` match `loss`."""
+
+
+class LossPlan:
+    """Where `Signals.observe_loss` finds the step and the loss in the lines of one template,
+    proved from the template's literal text (`of`), so that the extractor's match gives them.
+
+    On every line the template matches whose `step`, `iter` and `loss` all lie in its literal
+    text (their counts in the line are the literal text's, checked per line), `STEP` and
+    `LOSS` can only match where that text says: the key and its separator end a literal and
+    the number is the named slot right after it, followed by no word character. A template
+    with a key whose match the literal text alone cannot decide (a key at the edge of a slot,
+    a number in the literal, two places either could match) has no plan: its lines are read
+    as before. `read` answers None where a line is not proved (a checkpoint word, non-ASCII
+    text, a keyword in a slot, a slot's number `STEP` or `LOSS` would read otherwise).
+    """
+
+    __slots__ = ("counts", "loss", "step")
+
+    def __init__(self, counts: tuple[int, int, int], step: int | None, loss: int | None) -> None:
+        self.counts = counts
+        """Occurrences of `_WORDS` in the template's literal text."""
+        self.step = step
+        """Index in the match's groups of the slot `STEP` reads (None: no `STEP` match)."""
+        self.loss = loss
+        """Likewise for `LOSS`."""
+
+    @classmethod
+    def of(cls, literals: list[str], groups: list[int | None]) -> LossPlan | None:
+        """The plan of a template: its literal texts (one more than its slots) and, per slot,
+        its group's index in the extractor's match (None: not a group). None: not provable."""
+        if not all(text.isascii() for text in literals):
+            return None
+        found: dict[str, set[int]] = {"step": set(), "loss": set()}
+        for j, text in enumerate(literals):
+            lowered = text.lower()
+            for word in _WORDS:
+                kind = "loss" if word == "loss" else "step"
+                at = lowered.find(word)
+                while at >= 0:
+                    outcome = _site(literals, groups, j, at, word)
+                    if outcome is False:
+                        return None
+                    if outcome is not None:
+                        found[kind].add(outcome)
+                    at = lowered.find(word, at + len(word))
+        if len(found["step"]) > 1 or len(found["loss"]) > 1:
+            return None
+        counts = tuple(sum(text.lower().count(word) for text in literals) for word in _WORDS)
+        step = next(iter(found["step"]), None)
+        loss = next(iter(found["loss"]), None)
+        return cls((counts[0], counts[1], counts[2]), step, loss)
+
+    def read(self, line: str, texts: tuple[str, ...], values: tuple[float, ...]) -> LossRead | None:
+        """What `Signals.observe_loss` reads from `line`, given the extractor's group texts
+        of it and their values; None where the plan does not prove it."""
+        if not line.isascii() or "heckpoint" in line:
+            return None
+        lowered = line.lower()
+        steps, iters, losses = self.counts
+        if (
+            lowered.count("loss") != losses
+            or lowered.count("step") != steps
+            or lowered.count("iter") != iters
+        ):
+            return None
+        step = loss = None
+        if self.step is not None:
+            text = texts[self.step]
+            if not text.isdigit() or len(text) > 10:
+                return None
+            step = int(values[self.step])  # ten digits at most: the float is exact
+        if self.loss is not None:
+            text = texts[self.loss]
+            # Digits with at most one dot, the common case, need no regex.
+            if not text.replace(".", "", 1).isdigit() and _LOSS_NUMBER.fullmatch(text) is None:
+                return None
+            loss = values[self.loss]
+        return step, loss
+
+
+def _site(
+    literals: list[str], groups: list[int | None], j: int, at: int, word: str
+) -> int | bool | None:
+    """The keyword `word` at `at` in literal `j`: None when no `STEP` / `LOSS` match can start
+    there, the group index of the slot whose number it reads, False when the literal text
+    cannot decide."""
+    text = literals[j]
+    lowered = text.lower()
+    if j and at < 8:
+        # A key with a prefix (`global_step`, `lm_loss`) could begin in the slot before: only
+        # a character no key or look-behind takes (a space, punctuation) rules that out.
+        before = text[at - 1] if at else ""
+        if not before or before.isalnum() or before in "_/":
+            return False
+        starts = [at]
+    else:
+        prefixes = ("global_",) if word == "step" else ("lm_", "lm ", "train_", "train ")
+        starts = [at - len(p) for p in prefixes if lowered[max(0, at - len(p)) : at] == p]
+        starts.append(at)
+    pattern = STEP if word in ("step", "iter") else LOSS
+    key = _STEP_KEY if pattern is STEP else _LOSS_KEY
+    site: int | None = None
+    for start in starts:
+        m = pattern.match(text, start, partial=True)
+        if m is None:
+            continue
+        if not m.partial or key.fullmatch(text, start) is None:
+            return False  # a number in the literal, or a separator the key does not take
+        if j + 1 >= len(literals) or groups[j] is None:
+            return False
+        after = literals[j + 1]
+        if after:
+            if after[0].isalnum() or after[0] in "_.":
+                return False
+        elif j + 2 < len(literals):
+            return False  # two slots in a row: the number's end is not the literal's
+        site = groups[j]
+    return site
+
+
 class SignalKind(StrEnum):
     NAN_LOSS = "nan_loss"
     NAN_GRAD_NORM = "nan_grad_norm"
@@ -218,6 +398,16 @@ class Signals:
     raised: list[Signal] = field(default_factory=list)
     _losses: deque[float] = field(default_factory=deque)
     _rates: deque[float] = field(default_factory=deque)
+    _min_window: int = field(default=1, init=False, repr=False)
+    """Values in a rolling mean before a spike or a drop is called (`SignalConfig`)."""
+
+    def __post_init__(self) -> None:
+        config = self.config
+        self._min_window = max(1, min(config.min_window, config.window))
+        # Bounded to the window: an append drops the oldest value, as a popleft past it did.
+        size = max(0, config.window)
+        self._losses = deque(self._losses, maxlen=size)
+        self._rates = deque(self._rates, maxlen=size)
 
     def observe(self, line: str, line_no: int) -> None:
         """Read one progress line."""
@@ -249,14 +439,33 @@ class Signals:
         if value is not None:
             self._loss(value, line_no)
 
+    def take_loss(self, read: LossRead, line_no: int) -> None:
+        """`observe_loss` of a line whose step and loss were read already (`LossPlan`)."""
+        step, loss = read
+        if step is not None:
+            self.step = step
+        if loss is not None:
+            self._loss(loss, line_no)
+
     def record(self, values: dict[str, float], line_no: int) -> None:
         """Numbers read from one progress line (by `observe` or a template's `Extractor`)."""
-        step = values.get("step")
+        names = [name for name in values if name != "step"]
+        row = tuple(values[name] for name in names)
+        self.record_row(values.get("step"), tuple(enumerate(names)), row, line_no)
+
+    def record_row(
+        self,
+        step: float | None,
+        rest: Sequence[tuple[int, str]],
+        values: Sequence[float],
+        line_no: int,
+    ) -> None:
+        """`record` of a line's step, then of each (index, metric) of `rest` (`values[index]`),
+        in that order."""
         if step is not None and math.isfinite(step):
             self.step = int(step)
-        for name, value in values.items():
-            if name == "step":
-                continue
+        for key, name in rest:
+            value = values[key]
             if name == "loss":
                 self._loss(value, line_no)
             elif name == "lr":
@@ -280,12 +489,6 @@ class Signals:
                 self._raise(SignalKind.LOSS_SPIKE, line_no, value, mean)
                 return  # a spike does not join the baseline it is measured against
         window.append(value)
-        if len(window) > self.config.window:
-            window.popleft()
-
-    @property
-    def _min_window(self) -> int:
-        return max(1, min(self.config.min_window, self.config.window))
 
     def _rate(self, value: float, line_no: int) -> None:
         self.throughput = value
@@ -295,8 +498,6 @@ class Signals:
             if mean > 0 and value < self.config.drop_factor * mean:
                 self._raise(SignalKind.THROUGHPUT_DROP, line_no, value, mean)
         window.append(value)
-        if len(window) > self.config.window:
-            window.popleft()
 
     def _raise(self, kind: SignalKind, line_no: int, value: float, baseline: float | None) -> None:
         if len(self.raised) >= self.config.max_signals:

@@ -12,6 +12,7 @@ lines and runs, tagged by why they are kept, and its counts) so every replica se
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from diagnoser.ingest.framing import LineBatch
@@ -26,6 +27,7 @@ from diagnoser.templates.compressor import (
     Run,
 )
 from diagnoser.templates.family import family_of
+from diagnoser.templates.signals import LossRead
 
 MAX_JOBS = 1000
 MAX_FAMILIES = 100
@@ -139,6 +141,21 @@ class CompressionStage:
         self.lines_kept = 0
         self._tallies: dict[str, _Tally] = {}
         """Jobs with state to write; an evicted job stays until its last flush."""
+        self._share_reads = False
+        self._reads: tuple[LineBatch, dict[int, LossRead]] | None = None
+        """The last batch and what its progress lines' extractors read for `loss_reads`."""
+
+    def share_loss_reads(self) -> Callable[[LineBatch], Mapping[int, LossRead] | None]:
+        """From now on keep, per batch, what the live diagnosis's loss reader would read from
+        the progress lines this stage's extractors read and prove (`LossPlan`); the answer
+        is `loss_reads`, for a stage after this one in the pipeline (`DiagnosisStage`)."""
+        self._share_reads = True
+        return self.loss_reads
+
+    def loss_reads(self, batch: LineBatch) -> Mapping[int, LossRead] | None:
+        """Batch index -> `LossRead` of the lines of `batch` read here (None: another batch)."""
+        reads = self._reads
+        return reads[1] if reads is not None and reads[0] is batch else None
 
     def set_family(self, job_id: str, family: str) -> None:
         """Name a job's family (`PUT /v1/jobs/{id}`, `X-Diagnoser-Job-Family`) before its
@@ -193,6 +210,10 @@ class CompressionStage:
     def process(self, key: StreamKey, batch: LineBatch) -> None:
         job = self._job(key.job_id)
         before = job.log.lines_kept
+        if self._share_reads:
+            reads: dict[int, LossRead] = {}
+            job.loss_reads = reads
+            self._reads = (batch, reads)
         job.feed(
             batch.lines,
             stream=f"{key.node}/{key.stream}",
@@ -200,6 +221,7 @@ class CompressionStage:
             node=key.node,
             first_line_no=batch.first_line_no,
         )
+        job.loss_reads = None
         self.lines_in += len(batch.lines)
         self.lines_kept += job.log.lines_kept - before
         tally = self._tallies.get(key.job_id)

@@ -1,4 +1,5 @@
-"""Group commit: many uploads' commits share transactions, each keeping its compare-and-set."""
+"""Group commit: many uploads' commits share transactions, each keeping its compare-and-set;
+their position reads share transactions too, each reading its own stream."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from diagnoser.ingest.streams import (
     commit_many,
     open_stream,
 )
-from diagnoser.ingest.writer import CommitGroup, WriteTotals
+from diagnoser.ingest.writer import CommitGroup, PositionGroup, WriteTotals
 from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
 from diagnoser.store.migrate import upgrade
 
@@ -93,3 +94,33 @@ async def test_concurrent_commits_share_transactions(sessions: Sessions) -> None
     assert offsets == dict.fromkeys(ids, 300)
     assert (lines, size) == (200 * 30, 200 * 300)
     assert totals.transactions <= 3 * 2  # 600 commits: a few transactions per round
+
+
+async def test_concurrent_position_reads_share_transactions(sessions: Sessions) -> None:
+    """200 uploads starting at once read where their streams stand in far fewer transactions
+    than reads, each its own stream's offset and lines; a stream that is gone reads None."""
+    ids = await _streams(sessions, "job-c", 200)
+    await sessions.run(
+        lambda conn: commit_many(
+            conn,
+            [
+                StreamCommit("job-c", stream_id, Progress(0, 10 * n, n, 0))
+                for n, stream_id in enumerate(ids, 1)
+            ],
+        )
+    )
+    group = PositionGroup(sessions)
+    positions = await asyncio.gather(*(group.read(stream_id) for stream_id in [*ids, -1]))
+    *found, gone = positions
+    assert gone is None
+    assert [(p.stream_id, p.committed_offset, p.lines) for p in found if p is not None] == [
+        (stream_id, 10 * n, n) for n, stream_id in enumerate(ids, 1)
+    ]
+    assert group.transactions <= 2
+    # Later reads see later commits: nothing is cached between them.
+    await sessions.run(
+        lambda conn: commit_many(conn, [StreamCommit("job-c", ids[0], Progress(10, 25, 2, 0))])
+    )
+    again = await group.read(ids[0])
+    assert again is not None
+    assert (again.committed_offset, again.lines) == (25, 3)
