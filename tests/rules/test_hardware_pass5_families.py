@@ -152,6 +152,17 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "ib_host_fault",
         ESCALATE,
     ),
+    "pynvml gpu lost": ("pynvml.nvml.NVMLError_GPUIsLost: GPU is lost", "gpu_lost", CORDON),
+    "container toolkit gpu lost": (
+        "stderr: nvidia-container-cli: detection error: nvml error: gpu is lost: unknown.",
+        "gpu_lost",
+        CORDON,
+    ),
+    "off the bus without nvrm": (
+        "XID 79 GPU has fallen off the bus (PCI:0000:3b:00)",
+        "gpu_fallen_off_bus",
+        CORDON,
+    ),
     "hydra exit string": (
         "YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Segmentation fault (signal 11)",
         "abnormal_exit",
@@ -210,6 +221,7 @@ HEALTHY = {
     "kubectl completed": "    State:          Terminated\n      Reason:       Completed\n"
     "      Exit Code:    0",
     "ray job succeeded": "Status for job 'raysubmit_3Fq9XnB2': SUCCEEDED",
+    "nvml found gpus": "NVML initialised: 8 GPUs found, none lost since boot",
     "nvrm driver load": "kernel: NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.129.03",
 }
 
