@@ -144,11 +144,10 @@ class Extractor:
     ) -> LossRead | bool | None:
         """`signals.record(self.read(line), line_no)` without the dict: False when the line
         does not match; else, with `plan`, the line's `LossRead` where the plan proves it."""
-        m = self._fullmatch(line)
-        if m is None:
+        matched = self._groups(line)
+        if matched is None:
             return False
-        texts = m.groups()
-        values = tuple(map(float, texts))
+        texts, values = matched
         at = self._step_at
         signals.record_row(values[at] if at is not None else None, self._rest, values, line_no)
         if plan and self.plan is not None:
@@ -157,14 +156,20 @@ class Extractor:
 
     def read_both(self, line: str) -> tuple[dict[str, float], LossRead | None] | None:
         """`read`, and the `LossRead` of the line where the plan proves it (else None)."""
+        matched = self._groups(line)
+        if matched is None:
+            return None
+        texts, values = matched
+        read = self.plan.read(line, texts, values) if self.plan is not None else None
+        return dict(zip(self._metrics, values, strict=True)), read
+
+    def _groups(self, line: str) -> tuple[tuple[str, ...], tuple[float, ...]] | None:
+        """The texts of the line's named groups and their values (None: no match)."""
         m = self._fullmatch(line)
         if m is None:
             return None
-        texts = m.groups()
-        values = tuple(map(float, texts))
-        plan = self.plan
-        read = plan.read(line, texts, values) if plan is not None else None
-        return dict(zip(self._metrics, values, strict=True)), read
+        texts: tuple[str, ...] = m.groups()
+        return texts, tuple(map(float, texts))
 
 
 _LOSS_VALUE = regex.compile(
