@@ -345,6 +345,73 @@ class _CommitTimer:
             await asyncio.shield(task)
 
 
+class _IdleDeadline:
+    """The chunks of one upload, read with an idle timeout: `next` raises `TimeoutError` once a
+    read has waited `idle_s` for its chunk.
+
+    One clock per upload, pushed forward lazily: a read notes when it started waiting, and the
+    clock, when it fires, either finds that read past its deadline or sets itself again for
+    it, about once per `idle_s` while bytes flow. A timeout context per chunk cost a timer
+    armed and cancelled per chunk. As with that context, only the wait for a chunk counts, not
+    the time spent on one (framing, a commit), and the expiry cancels the waiting read and
+    turns that cancellation, not another, into `TimeoutError`.
+    """
+
+    def __init__(self, chunks: AsyncIterator[bytes], idle_s: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None, "an upload is read inside a task"
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._loop = asyncio.get_running_loop()
+        self._iterator = aiter(chunks)
+        self._idle_s = idle_s
+        self._since: float | None = None
+        """When the read in progress started waiting (None: no read waits)."""
+        self._handle: asyncio.TimerHandle | None = None
+        self._expired = False
+
+    async def next(self) -> bytes | None:
+        """The next chunk, or None at the end of the body."""
+        self._since = now = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(now + self._idle_s, self._check)
+        try:
+            return await anext(self._iterator)
+        except StopAsyncIteration:
+            return None
+        except asyncio.CancelledError as exc:
+            if self._expiry_taken():
+                raise TimeoutError from exc
+            raise
+        finally:
+            self._since = None
+            self._expiry_taken()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _check(self) -> None:
+        self._handle = None
+        since = self._since
+        if since is None:  # busy with a chunk: the next read sets the clock again
+            return
+        deadline = since + self._idle_s
+        if self._loop.time() < deadline:
+            self._handle = self._loop.call_at(deadline, self._check)
+        else:
+            self._expired = True
+            self._task.cancel()
+
+    def _expiry_taken(self) -> bool:
+        """Withdraw this clock's cancellation, if it made one: True if no other is pending."""
+        if not self._expired:
+            return False
+        self._expired = False
+        return self._task.uncancel() <= self._cancelling
+
+
 @dataclass
 class StreamWriter:
     sessions: Sessions
@@ -427,13 +494,13 @@ class StreamWriter:
                 self.group, key, stream_id, framer, outcome, self.totals, self.after_commit
             )
             timer = _CommitTimer(commits, self.settings.commit_every_s)
-            skip = 0 if offset is None else committed - offset
-            body_start = committed if offset is None else offset
+            # bytes already committed, to drop; where the body starts in the stream
+            skip, body_start = (0, committed) if offset is None else (committed - offset, offset)
+            idle = _IdleDeadline(chunks, self.settings.idle_timeout_s)
             self.active.add(commits)
             try:
                 try:
-                    async for received in self._with_idle_timeout(chunks):
-                        chunk = received
+                    while (chunk := await idle.next()) is not None:
                         outcome.received_bytes += len(chunk)
                         if skip:
                             dropped = min(skip, len(chunk))
@@ -466,6 +533,7 @@ class StreamWriter:
                 await commits.commit()
                 return outcome
             finally:
+                idle.close()
                 self.active.discard(commits)
 
     def _hand_on(
@@ -480,13 +548,3 @@ class StreamWriter:
             batch = times.stamp(batch, body_start)
         self.pipeline.process(key, batch)
         commits.add(batch)
-
-    async def _with_idle_timeout(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        iterator = aiter(chunks)
-        while True:
-            try:
-                async with asyncio.timeout(self.settings.idle_timeout_s):
-                    chunk = await anext(iterator)
-            except StopAsyncIteration:
-                return
-            yield chunk

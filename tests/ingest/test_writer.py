@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import Connection, select
 
+from diagnoser.config import IngestSettings
 from diagnoser.ingest.streams import (
     JOBS,
     STREAMS,
@@ -17,7 +18,15 @@ from diagnoser.ingest.streams import (
     commit_many,
     open_stream,
 )
-from diagnoser.ingest.writer import CommitGroup, PositionGroup, WriteTotals
+from diagnoser.ingest.writer import (
+    CommitGroup,
+    IdleTimeoutError,
+    PositionGroup,
+    StreamLocks,
+    StreamWriter,
+    WriteTotals,
+)
+from diagnoser.pipeline import Pipeline, StreamKey
 from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
 from diagnoser.store.migrate import upgrade
 
@@ -124,3 +133,43 @@ async def test_concurrent_position_reads_share_transactions(sessions: Sessions) 
     again = await group.read(ids[0])
     assert again is not None
     assert (again.committed_offset, again.lines) == (25, 3)
+
+
+async def _one_line_then_silence(started: asyncio.Event) -> AsyncIterator[bytes]:
+    yield b"the line that arrived\n"
+    started.set()
+    await asyncio.Event().wait()  # the client stops sending, the upload stays open
+    yield b"never\n"
+
+
+async def test_an_idle_upload_times_out_with_what_arrived_committed(sessions: Sessions) -> None:
+    """A body that goes silent is closed after the idle timeout; its line is committed."""
+    writer = StreamWriter(
+        sessions, Pipeline([]), IngestSettings(idle_timeout_s=0.05), StreamLocks()
+    )
+    key = StreamKey("job-idle", "n1", "n1", None)
+    with pytest.raises(IdleTimeoutError) as raised:
+        await writer.write(
+            key, _one_line_then_silence(asyncio.Event()), offset=None, job_metadata={}
+        )
+    assert raised.value.outcome.lines_accepted == 1
+    assert raised.value.outcome.next_offset == len(b"the line that arrived\n")
+
+
+async def test_cancelling_a_silent_upload_is_a_cancellation_not_a_timeout(
+    sessions: Sessions,
+) -> None:
+    """Stopping the server while an upload waits for bytes cancels it (the idle timeout does
+    not claim the cancellation), and what arrived is committed."""
+    writer = StreamWriter(sessions, Pipeline([]), IngestSettings(), StreamLocks())
+    key = StreamKey("job-stop", "n1", "n1", None)
+    started = asyncio.Event()
+    upload = asyncio.create_task(
+        writer.write(key, _one_line_then_silence(started), offset=None, job_metadata={})
+    )
+    await started.wait()
+    upload.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await upload
+    position = await sessions.run(lambda conn: open_stream(conn, "job-stop", "n1", "n1", None, {}))
+    assert position.committed_offset == len(b"the line that arrived\n")
