@@ -111,6 +111,8 @@ FAILING = {
     "fairseq gnorm": "epoch 001:    100 / 1000 loss=7.1, nll_loss=6.2, num_updates=100, "
     "lr=1e-04, gnorm=nan, loss_scale=1",
     "fairseq json gnorm": '{"epoch": 1, "update": 0.1, "loss": "7.1", "gnorm": "inf"}',
+    "horovod rank exit": "Process 3 exit with status code 1.",
+    "make target": "make: *** [Makefile:12: train] Error 1",
 }
 
 HEALTHY = {
@@ -170,6 +172,7 @@ HEALTHY = {
     "grad norm skipped step": "Skipping step: grad_norm=inf after unscaling, reducing loss scale "
     "to 32768",
     "grad norm config": "grad_norm_clip: 1.0, max_grad_norm: 1.0, skip_nan_inf: True",
+    "make ignored": "make: [Makefile:12: clean] Error 1 (ignored)",
     "tensor loss finite": "step 120 loss tensor(2.3104, device='cuda:0', "
     "grad_fn=<NllLossBackward0>)",
 }
