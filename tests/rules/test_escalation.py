@@ -102,6 +102,17 @@ FAILING = {
     "exceeding the limit of 100 per second.",
     "dcgm nvlink counter": "Detected 12 CRC NvLink errors on GPU 3's link 2 which exceeds "
     "threshold of 0",
+    "hf grad norm once": "{'loss': 1.7018, 'grad_norm': nan, 'learning_rate': 1.35e-06, "
+    "'epoch': 0.01}",
+    "lightning grad norm": "Epoch 0:  12%|#2        | 120/1000 [00:40<04:53,  3.00it/s, v_num=0, "
+    "train_loss=2.31, grad_norm=inf]",
+    "megatron grad norm once": " iteration      120/  500000 | lm loss: 2.41E+00 | loss scale: 1.0 "
+    "| grad norm: nan | number of skipped iterations:   0 |",
+    "fairseq gnorm": "epoch 001:    100 / 1000 loss=7.1, nll_loss=6.2, num_updates=100, "
+    "lr=1e-04, gnorm=nan, loss_scale=1",
+    "fairseq json gnorm": '{"epoch": 1, "update": 0.1, "loss": "7.1", "gnorm": "inf"}',
+    "horovod rank exit": "Process 3 exit with status code 1.",
+    "make target": "make: *** [Makefile:12: train] Error 1",
 }
 
 HEALTHY = {
@@ -156,6 +167,14 @@ HEALTHY = {
     "[NV_WARN_NOTHING_TO_DO]",
     "graceful exit": "INFO:torch.distributed.elastic.agent.server.api:[default] worker group "
     "successfully finished. Waiting 300 seconds for other agents to finish.",
+    "hf grad norm finite": "{'loss': 2.0491, 'grad_norm': 0.8125, 'learning_rate': 1.96e-04, "
+    "'epoch': 0.28}",
+    "grad norm skipped step": "Skipping step: grad_norm=inf after unscaling, reducing loss scale "
+    "to 32768",
+    "grad norm config": "grad_norm_clip: 1.0, max_grad_norm: 1.0, skip_nan_inf: True",
+    "make ignored": "make: [Makefile:12: clean] Error 1 (ignored)",
+    "tensor loss finite": "step 120 loss tensor(2.3104, device='cuda:0', "
+    "grad_fn=<NllLossBackward0>)",
 }
 
 
@@ -176,6 +195,31 @@ def test_a_healthy_run_printing_warnings_and_retries_stays_healthy(
     pack: RuleSet, tmp_path: Path, text: str
 ) -> None:
     assert verdict_of(pack, tmp_path, STEPS, text).status is Status.HEALTHY
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "step 120 loss tensor(nan, device='cuda:0', grad_fn=<NllLossBackward0>)",
+        "train_loss: tensor(inf, device='cuda:1')",
+    ],
+)
+def test_a_loss_printed_as_a_non_finite_tensor_is_a_nan_loss(
+    pack: RuleSet, tmp_path: Path, line: str
+) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert (verdict.failure_type, verdict.action) == ("nan_loss", Action.NOTIFY_USER)
+
+
+def test_a_single_non_finite_grad_norm_yields_to_a_repeated_one(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    repeated = "\n".join(
+        f"{{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 9.9e-05, 'epoch': 0.0{i}}}"
+        for i in range(3)
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, repeated)
+    assert (verdict.failure_type, verdict.action) == ("nan_loss", Action.NOTIFY_USER)
 
 
 WATCHDOG = (
