@@ -17,6 +17,9 @@ import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from sqlalchemy import Connection
 
 from diagnoser.config import IngestSettings
 from diagnoser.ingest.framing import Framer, LineBatch
@@ -111,113 +114,122 @@ class StreamLocks:
         return lock
 
 
-class CommitGroup:
-    """The stream commits of every upload in this process, taken together: the commits that
-    wait when a transaction ends share the next one (group commit).
+T = TypeVar("T")
+R = TypeVar("R")
 
-    A commit that finds no transaction running starts one at the next turn of the event loop,
-    so those queued in the same turn join it; one that arrives while a transaction runs joins
-    the next. Nothing waits for a clock: a lone commit costs what it cost alone. Under load
-    the uploads' commit timers fire together (`_CommitTimer`'s shared grid), so an interval's
-    commits of thousands of open uploads take a few transactions instead of one each. Each
-    commit keeps its own compare-and-set: a lost race fails that stream alone; a failed
-    transaction fails every commit in it, and nothing of it is committed.
+
+class _Grouped(Generic[T, R]):
+    """Requests of every upload in this process that share database transactions: those that
+    wait when a transaction ends share the next one, one statement set for all (at most
+    MAX_GROUP requests).
+
+    A request that finds no transaction running starts one at the next turn of the event
+    loop, so those queued in the same turn join it; one that arrives while a transaction runs
+    joins the next. Nothing waits for a clock: a lone request costs what it cost alone. A
+    failed transaction fails every request in it.
     """
 
-    def __init__(self, sessions: Sessions, totals: WriteTotals) -> None:
+    name = "group"
+    """What the error says when the event loop stops with requests still queued."""
+
+    def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
-        self.totals = totals
-        self._queue: list[tuple[StreamCommit, asyncio.Future[bool]]] = []
+        self._queue: list[tuple[T, asyncio.Future[R]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    async def commit(self, commit: StreamCommit) -> bool:
-        """True once `commit` is durable; False when the stream's offset had moved."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.append((commit, future))
+    def _run(self, conn: Connection, items: list[T]) -> list[R]:
+        """The answers to `items`, in their order, in one transaction (`conn`)."""
+        raise NotImplementedError
+
+    def _counted(self) -> None:
+        """One more transaction taken."""
+
+    async def _submit(self, item: T) -> R:
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, future))
         if self._task is None:
             self._task = asyncio.create_task(self._drain())
         return await future
 
     async def _drain(self) -> None:
-        batch: list[tuple[StreamCommit, asyncio.Future[bool]]] = []
+        batch: list[tuple[T, asyncio.Future[R]]] = []
         try:
-            await asyncio.sleep(0)  # the commits queued in this turn of the loop come along
+            await asyncio.sleep(0)  # the requests queued in this turn of the loop come along
             while self._queue:
                 batch = self._queue[:MAX_GROUP]
                 del self._queue[:MAX_GROUP]
-                group = [commit for commit, _ in batch]
+                items = [item for item, _ in batch]
                 try:
-                    won = await self.sessions.run(functools.partial(commit_many, commits=group))
+                    answers = await self.sessions.run(functools.partial(self._run, items=items))
                 except Exception as exc:
                     for _, future in batch:
                         if not future.done():
                             future.set_exception(exc)
                 else:
-                    for (_, future), result in zip(batch, won, strict=True):
+                    for (_, future), answer in zip(batch, answers, strict=True):
                         if not future.done():
-                            future.set_result(result)
-                self.totals.transactions += 1
+                            future.set_result(answer)
+                self._counted()
                 batch = []
         finally:
             self._task = None
             for _, future in [*batch, *self._queue]:
                 if not future.done():  # only when the loop itself is stopping
-                    future.set_exception(RuntimeError("the commit group stopped"))
+                    future.set_exception(RuntimeError(f"the {self.name} stopped"))
             self._queue.clear()
 
 
-class PositionGroup:
-    """The position reads of every upload of a known stream in this process, taken together:
-    the reads that wait when a transaction ends share the next one, one statement for all
-    (at most MAX_GROUP streams), as `CommitGroup` does for commits.
+class CommitGroup(_Grouped[StreamCommit, bool]):
+    """The stream commits of every upload in this process, taken together (group commit).
+
+    Under load the uploads' commit timers fire together (`_CommitTimer`'s shared grid), so an
+    interval's commits of thousands of open uploads take a few transactions instead of one
+    each. Each commit keeps its own compare-and-set: a lost race fails that stream alone; a
+    failed transaction fails every commit in it, and nothing of it is committed.
+    """
+
+    name = "commit group"
+
+    def __init__(self, sessions: Sessions, totals: WriteTotals) -> None:
+        super().__init__(sessions)
+        self.totals = totals
+
+    async def commit(self, commit: StreamCommit) -> bool:
+        """True once `commit` is durable; False when the stream's offset had moved."""
+        return await self._submit(commit)
+
+    def _run(self, conn: Connection, items: list[StreamCommit]) -> list[bool]:
+        return commit_many(conn, items)
+
+    def _counted(self) -> None:
+        self.totals.transactions += 1
+
+
+class PositionGroup(_Grouped[int, StreamPosition | None]):
+    """The position reads of every upload of a known stream in this process, taken together,
+    as `CommitGroup` does for commits: one statement for the reads that wait.
 
     Each read is still made after its upload holds its stream's lock, so it is as fresh as a
     read of its own; a lone read costs what it cost alone.
     """
 
+    name = "position group"
+
     def __init__(self, sessions: Sessions) -> None:
-        self.sessions = sessions
-        self._queue: list[tuple[int, asyncio.Future[StreamPosition | None]]] = []
-        self._task: asyncio.Task[None] | None = None
+        super().__init__(sessions)
         self.transactions = 0
         """Transactions the reads took so far (fewer than reads under load)."""
 
     async def read(self, stream_id: int) -> StreamPosition | None:
         """Where the stream stands now, or None if it no longer exists."""
-        future: asyncio.Future[StreamPosition | None] = asyncio.get_running_loop().create_future()
-        self._queue.append((stream_id, future))
-        if self._task is None:
-            self._task = asyncio.create_task(self._drain())
-        return await future
+        return await self._submit(stream_id)
 
-    async def _drain(self) -> None:
-        batch: list[tuple[int, asyncio.Future[StreamPosition | None]]] = []
-        try:
-            await asyncio.sleep(0)  # the reads queued in this turn of the loop come along
-            while self._queue:
-                batch = self._queue[:MAX_GROUP]
-                del self._queue[:MAX_GROUP]
-                ids = sorted({stream_id for stream_id, _ in batch})
-                try:
-                    found = await self.sessions.run(
-                        functools.partial(stream_positions, stream_ids=ids)
-                    )
-                except Exception as exc:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                else:
-                    for stream_id, future in batch:
-                        if not future.done():
-                            future.set_result(found.get(stream_id))
-                self.transactions += 1
-                batch = []
-        finally:
-            self._task = None
-            for _, future in [*batch, *self._queue]:
-                if not future.done():  # only when the loop itself is stopping
-                    future.set_exception(RuntimeError("the position group stopped"))
-            self._queue.clear()
+    def _run(self, conn: Connection, items: list[int]) -> list[StreamPosition | None]:
+        found = stream_positions(conn, sorted(set(items)))
+        return [found.get(stream_id) for stream_id in items]
+
+    def _counted(self) -> None:
+        self.transactions += 1
 
 
 @dataclass(eq=False)
