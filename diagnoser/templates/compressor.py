@@ -701,7 +701,7 @@ class JobCompression:
             if isinstance(reader, Extractor):
                 read = reader.record(lines[i], signals, line_no, reads is not None)
                 if read is not False:
-                    if read is not None and read is not True and reads is not None:
+                    if read is not None and reads is not None:
                         reads[at + i] = read
                     continue
             signals.observe(lines[i], line_no)

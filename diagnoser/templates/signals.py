@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
 
 import regex
 
@@ -141,7 +142,7 @@ class Extractor:
 
     def record(
         self, line: str, signals: Signals, line_no: int, plan: bool = False
-    ) -> LossRead | bool | None:
+    ) -> LossRead | Literal[False] | None:
         """`signals.record(self.read(line), line_no)` without the dict: False when the line
         does not match; else, with `plan`, the line's `LossRead` where the plan proves it."""
         matched = self._groups(line)
