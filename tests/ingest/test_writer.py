@@ -83,6 +83,35 @@ async def test_a_lost_race_fails_its_stream_alone(sessions: Sessions) -> None:
     assert (lines, size) == (15, 150)
 
 
+async def test_a_large_batch_decides_each_stream_as_one_commit_at_a_time(
+    sessions: Sessions,
+) -> None:
+    """A group-sized batch (written set-based) with stale views, a stream that is gone and two
+    chained commits of one stream: each commit wins or loses exactly as it would alone, in
+    stream order, and the job counts only the winners."""
+    ids = await _streams(sessions, "job-s", 40)
+    batch = [
+        StreamCommit("job-s", stream_id, Progress(0 if n % 5 else 3, 100 + n, n, n % 2))
+        for n, stream_id in enumerate(ids)
+    ]
+    first = ids[1]
+    batch.append(StreamCommit("job-s", first, Progress(101, 150, 4, 0)))  # chains on ids[1]
+    batch.append(StreamCommit("job-s", first, Progress(0, 120, 9, 0)))  # stale after the chain
+    batch.append(StreamCommit("job-s", -1, Progress(0, 10, 1, 0)))  # no such stream
+    won = await sessions.run(lambda conn: commit_many(conn, batch))
+
+    expected_won = [n % 5 != 0 for n in range(40)] + [True, False, False]
+    assert won == expected_won
+    offsets, lines, size = await _committed(sessions, "job-s")
+    assert offsets == {
+        stream_id: (0 if n % 5 == 0 else 150 if stream_id == first else 100 + n)
+        for n, stream_id in enumerate(ids)
+    }
+    winners = [commit.progress for commit, ok in zip(batch, won, strict=True) if ok]
+    assert lines == sum(p.lines for p in winners)
+    assert size == sum(p.to_offset - p.from_offset for p in winners)
+
+
 async def test_concurrent_commits_share_transactions(sessions: Sessions) -> None:
     """200 uploads committing at once take far fewer transactions than commits, and every
     stream ends exactly where its own commits put it."""
