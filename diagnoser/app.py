@@ -366,6 +366,7 @@ def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
             StreamLocks(),
             after_commit=lambda key: flow.settle(key.job_id),
             urgent=lambda key: stage.awaits_settle(key.job_id),
+            sole_writer=database.backend == "sqlite",
         )
         admission = Admission(settings.ingest.max_concurrent_requests)
         metrics.registry.register(

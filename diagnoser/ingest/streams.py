@@ -163,7 +163,7 @@ _COUNT = (
 expression costs more than executing it."""
 
 
-_SET_BASED_FROM = 4
+SET_BASED_FROM = 4
 """Batches of at least this many commits are written set-based (`_commit_set`): one locking
 read and one executemany per table instead of a statement per stream, about 5x cheaper per
 commit at a group's usual size; a lone commit keeps its single compare-and-set statement."""
@@ -194,7 +194,7 @@ def commit_many(conn: Connection, commits: Sequence[StreamCommit]) -> list[bool]
     """
     now = utcnow()
     order = sorted(range(len(commits)), key=lambda i: commits[i].stream_id)
-    if len(commits) >= _SET_BASED_FROM:
+    if len(commits) >= SET_BASED_FROM:
         won = _commit_set(conn, commits, order, now)
     else:
         won = [False] * len(commits)

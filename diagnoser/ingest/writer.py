@@ -97,6 +97,15 @@ Urgent = Callable[[StreamKey], bool]
 for the diagnosis), not at the next timed commit."""
 
 
+@dataclass(slots=True)
+class _Known:
+    """A stream this process has opened: its id, and where this process last left it."""
+
+    stream_id: int
+    position: StreamPosition | None = None
+    """As this process's last commit left it; kept only for a sole writer (`StreamWriter`)."""
+
+
 @dataclass
 class StreamLocks:
     """One lock per live stream; an idle stream's lock is garbage-collected, costing nothing."""
@@ -248,6 +257,8 @@ class _Commits:
     outcome: WriteOutcome
     totals: WriteTotals
     after_commit: AfterCommit | None = None
+    known: _Known | None = None
+    """Where the stream's position is remembered after each commit (None: not remembered)."""
     lines: int = 0
     truncated: int = 0
     at: float = field(default_factory=time.monotonic)
@@ -266,6 +277,11 @@ class _Commits:
         if self.waiting_since is None and batch.lines:
             self.waiting_since = time.monotonic()
 
+    def _forget(self) -> None:
+        """After a failed commit the stream is read again at the next upload's start."""
+        if self.known is not None:
+            self.known.position = None
+
     @property
     def pending(self) -> bool:
         """Lines framed and handed on, not yet committed."""
@@ -282,9 +298,11 @@ class _Commits:
                     StreamCommit(self.key.job_id, self.stream_id, progress)
                 )
             except Exception:
+                self._forget()
                 self.totals.database_errors += 1
                 raise
             if not won:
+                self._forget()
                 raise StreamBusyError("the stream's offset moved under this request")
             self.outcome.lines_accepted += lines
             self.outcome.stream_lines += lines
@@ -292,6 +310,10 @@ class _Commits:
             self.totals.committed_bytes += offset - self.committed
             self.totals.commits += 1
             self.outcome.next_offset = self.committed = offset
+            if self.known is not None:
+                self.known.position = StreamPosition(
+                    self.stream_id, offset, self.outcome.stream_lines
+                )
             self.lines -= lines
             self.truncated -= truncated
             self.at = time.monotonic()
@@ -432,8 +454,14 @@ class StreamWriter:
     locks: StreamLocks
     after_commit: AfterCommit | None = None
     urgent: Urgent | None = None
-    known: OrderedDict[tuple[str, str], int] = field(default_factory=OrderedDict)
-    """Stream ids already created: a later request reads its offset in one statement."""
+    sole_writer: bool = False
+    """No other process writes these streams (the embedded SQLite database, which one process
+    serves): an upload of a stream this process committed before starts where that commit
+    left it, without reading it. With several replicas (PostgreSQL) another may have written
+    since, so every upload reads its stream's position."""
+    known: OrderedDict[tuple[str, str], _Known] = field(default_factory=OrderedDict)
+    """Streams already created: a later request reads its offset in one statement, or, for a
+    sole writer, not at all."""
     totals: WriteTotals = field(default_factory=WriteTotals)
     group: CommitGroup = field(init=False)
     positions: PositionGroup = field(init=False)
@@ -453,29 +481,42 @@ class StreamWriter:
         waiting = [c.waiting_since for c in self.active if c.waiting_since is not None]
         return time.monotonic() - min(waiting) if waiting else 0.0
 
-    async def _open(self, key: StreamKey, job_metadata: dict[str, str]) -> StreamPosition:
+    async def _open(
+        self, key: StreamKey, job_metadata: dict[str, str]
+    ) -> tuple[StreamPosition, _Known]:
         try:
             return await self._position(key, job_metadata)
         except Exception:  # the database down or busy: counted, and the client told to retry
             self.totals.database_errors += 1
             raise
 
-    async def _position(self, key: StreamKey, job_metadata: dict[str, str]) -> StreamPosition:
-        """Where the stream stands, read fresh: another replica may have written since."""
+    async def _position(
+        self, key: StreamKey, job_metadata: dict[str, str]
+    ) -> tuple[StreamPosition, _Known]:
+        """Where the stream stands: read fresh (another replica may have written since), or, for
+        a sole writer, as this process's last commit left it."""
         cache_key = (key.job_id, key.stream)
-        stream_id = self.known.get(cache_key)
-        if stream_id is not None and not job_metadata:
-            position = await self.positions.read(stream_id)
+        known = self.known.get(cache_key)
+        if known is not None and not job_metadata:
+            position = known.position
+            if position is None:
+                position = await self.positions.read(known.stream_id)
             if position is not None:
                 self.known.move_to_end(cache_key)
-                return position
+                return self._remembered(position, known)
         position = await self.sessions.run(
             lambda conn: open_stream(conn, key.job_id, key.stream, key.node, key.rank, job_metadata)
         )
-        self.known[cache_key] = position.stream_id
+        known = _Known(position.stream_id)
+        self.known[cache_key] = known
         if len(self.known) > KNOWN_STREAMS:
             self.known.popitem(last=False)
-        return position
+        return self._remembered(position, known)
+
+    def _remembered(self, position: StreamPosition, known: _Known) -> tuple[StreamPosition, _Known]:
+        if self.sole_writer:
+            known.position = position
+        return position, known
 
     async def write(
         self,
@@ -496,14 +537,21 @@ class StreamWriter:
         if lock.locked():
             raise StreamBusyError("another request is writing this stream")
         async with lock:
-            position = await self._open(key, job_metadata)
+            position, known = await self._open(key, job_metadata)
             stream_id, committed, lines = position
             if offset is not None and offset > committed:
                 raise OffsetGapError(committed)
             outcome = WriteOutcome(next_offset=committed, stream_lines=lines)
             framer = Framer(committed, lines + 1, max_line_bytes=self.settings.max_line_bytes)
             commits = _Commits(
-                self.group, key, stream_id, framer, outcome, self.totals, self.after_commit
+                self.group,
+                key,
+                stream_id,
+                framer,
+                outcome,
+                self.totals,
+                self.after_commit,
+                known if self.sole_writer else None,
             )
             timer = _CommitTimer(commits, self.settings.commit_every_s)
             # bytes already committed, to drop; where the body starts in the stream

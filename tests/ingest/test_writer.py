@@ -22,6 +22,7 @@ from diagnoser.ingest.writer import (
     CommitGroup,
     IdleTimeoutError,
     PositionGroup,
+    StreamBusyError,
     StreamLocks,
     StreamWriter,
     WriteTotals,
@@ -202,3 +203,70 @@ async def test_cancelling_a_silent_upload_is_a_cancellation_not_a_timeout(
         await upload
     position = await sessions.run(lambda conn: open_stream(conn, "job-stop", "n1", "n1", None, {}))
     assert position.committed_offset == len(b"the line that arrived\n")
+
+
+async def _body(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+async def test_a_sole_writer_starts_where_its_last_commit_left_the_stream(
+    sessions: Sessions,
+) -> None:
+    """With one process writing (the embedded database), the uploads after a stream's first
+    read none: each starts at the offset and line count its predecessor committed, and a
+    resend from an older offset still loses exactly its duplicate bytes."""
+    writer = StreamWriter(sessions, Pipeline([]), IngestSettings(), StreamLocks(), sole_writer=True)
+    key = StreamKey("job-sole", "n1", "n1", None)
+    first = await writer.write(key, _body(b"a\nb\n"), offset=0, job_metadata={})
+    second = await writer.write(key, _body(b"c\n"), offset=4, job_metadata={})
+    resent = await writer.write(key, _body(b"b\nc\nd\n"), offset=2, job_metadata={})
+
+    assert writer.positions.transactions == 0
+    assert (first.next_offset, first.stream_lines) == (4, 2)
+    assert (second.next_offset, second.stream_lines) == (6, 3)
+    assert (resent.lines_accepted, resent.duplicate_bytes) == (1, 4)
+    assert (resent.next_offset, resent.stream_lines) == (8, 4)
+    offsets, lines, size = await _committed(sessions, "job-sole")
+    assert list(offsets.values()) == [8]
+    assert (lines, size) == (4, 8)
+
+
+async def test_a_sole_writer_reads_the_stream_again_after_a_lost_race(
+    sessions: Sessions,
+) -> None:
+    """If the stream moved behind a sole writer's back after all (the offset is still
+    compare-and-set), that upload fails as busy and the next one reads where it stands."""
+    writer = StreamWriter(sessions, Pipeline([]), IngestSettings(), StreamLocks(), sole_writer=True)
+    key = StreamKey("job-moved", "n1", "n1", None)
+    await writer.write(key, _body(b"a\n"), offset=0, job_metadata={})
+    position = await sessions.run(lambda conn: open_stream(conn, "job-moved", "n1", "n1", None, {}))
+    await sessions.run(
+        lambda conn: commit_many(
+            conn, [StreamCommit("job-moved", position.stream_id, Progress(2, 6, 2, 0))]
+        )
+    )
+    with pytest.raises(StreamBusyError):
+        await writer.write(key, _body(b"x\n"), offset=2, job_metadata={})
+    after = await writer.write(key, _body(b"e\n"), offset=6, job_metadata={})
+    assert writer.positions.transactions == 1
+    assert (after.next_offset, after.stream_lines, after.lines_accepted) == (8, 4, 1)
+
+
+async def test_replicas_read_the_stream_at_every_upload(sessions: Sessions) -> None:
+    """Without the sole-writer promise (several replicas on PostgreSQL), every upload of a
+    known stream reads its position, so one written elsewhere meanwhile is seen at once."""
+    writer = StreamWriter(sessions, Pipeline([]), IngestSettings(), StreamLocks())
+    key = StreamKey("job-shared", "n1", "n1", None)
+    await writer.write(key, _body(b"a\n"), offset=0, job_metadata={})
+    position = await sessions.run(
+        lambda conn: open_stream(conn, "job-shared", "n1", "n1", None, {})
+    )
+    await sessions.run(
+        lambda conn: commit_many(
+            conn, [StreamCommit("job-shared", position.stream_id, Progress(2, 6, 2, 0))]
+        )
+    )
+    after = await writer.write(key, _body(b"e\n"), offset=6, job_metadata={})
+    assert writer.positions.transactions == 1
+    assert (after.next_offset, after.stream_lines, after.lines_accepted) == (8, 4, 1)
