@@ -23,8 +23,11 @@ The driver simulates M nodes (`--nodes`) in jobs of `--job-nodes` nodes, each no
 `text/plain` byte stream whose lines carry torchrun's `[rankN]:` prefix, as `diagnoser ship`
 sends a node's launcher log, at `--rate` lines/s per node. `--wire chunked` (the default) is
 the shipper's wire: a chunked upload from the committed offset (`?offset=`) that stays open
-`--request-s` s with one chunk every `--interval` s; `--wire requests` sends one POST per
-interval instead. Whatever the server has not acknowledged is sent again from its committed
+up to `--request-s` s with one chunk every `--interval` s, its length drawn as the shipper
+draws it (the first a random share of `--request-s`, later ones in its last
+`--request-spread`; `--in-step` holds every upload open exactly `--request-s`, as shippers did
+before, so a fleet started together ends its uploads together); `--wire requests` sends one
+POST per interval instead. Whatever the server has not acknowledged is sent again from its committed
 offset, so a slow server shows up as lower achieved lines/s and longer latencies, never as
 lost lines. Lines are benign training output (progress, NCCL INFO, allocator and deprecation
 warnings). The client speaks HTTP/1.1 over asyncio streams with pre-encoded heads: httpx with
@@ -310,6 +313,8 @@ class Node:
     """When the first POST carrying the fault line was sent (perf_counter)."""
     connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     last_produced: float = 0.0
+    phased: bool = False
+    """Whether the node's uploads have their random phase (`Wire.upload_s`)."""
 
     def append(self, line: bytes) -> None:
         self.pending += line
@@ -443,6 +448,19 @@ class Wire:
     kind: str
     interval: float
     request_s: float
+    spread: float | None = 0.1
+    """As `diagnoser ship` draws each upload's length (`Shipper._request_seconds`): the first
+    after a start or a failure a random share of `request_s`, each later one in its last
+    `spread`; None: every upload lasts `request_s`, as shippers did before (in step)."""
+    rng: random.Random = field(default_factory=random.Random, compare=False)
+
+    def upload_s(self, node: Node) -> float:
+        if self.spread is None:
+            return self.request_s
+        if not node.phased:
+            node.phased = True
+            return self.request_s * self.rng.uniform(0.1, 1.0)
+        return self.request_s * self.rng.uniform(1.0 - self.spread, 1.0)
 
 
 async def run_node(node: Node, counters: Counters, wire: Wire, stop: asyncio.Event) -> None:
@@ -490,7 +508,7 @@ async def chunked_upload(node: Node, counters: Counters, wire: Wire, stop: async
         f"Content-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
     ).encode()
     written = 0
-    ends = time.perf_counter() + wire.request_s
+    ends = time.perf_counter() + wire.upload_s(node)
     try:
         if node.connection is None:
             node.connection = await asyncio.open_connection("127.0.0.1", node.replica.port)
@@ -519,6 +537,7 @@ async def chunked_upload(node: Node, counters: Counters, wire: Wire, stop: async
         if node.connection is not None:
             node.connection[1].close()
         node.connection = None
+        node.phased = False  # as the shipper after a failure: a new random phase
         await asyncio.sleep(wire.interval)  # the shipper backs off, then resumes from the offset
         return
     settle(node, counters, status, answer, keep, time.perf_counter() - started)
@@ -856,7 +875,8 @@ async def run_mode(
     driver_start = os.times().user + os.times().system
     machine_start, wall_start = machine_busy_seconds(), time.perf_counter()
     sampler = asyncio.create_task(sample_rss(replicas, nodes, counters, sampling))
-    wire = Wire(args.wire, args.interval, args.request_s)
+    spread = None if args.in_step else args.request_spread
+    wire = Wire(args.wire, args.interval, args.request_s, spread, random.Random(args.seed))
     tasks = [asyncio.create_task(run_node(n, counters, wire, stop)) for n in nodes]
     await asyncio.sleep(args.interval + args.warmup_s)
     if args.ramp:
@@ -1167,6 +1187,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--request-s", type=float, default=10.0, help="chunked: seconds one upload stays open"
+    )
+    parser.add_argument(
+        "--request-spread",
+        type=float,
+        default=0.1,
+        help="chunked: later uploads last a random time in this last share of --request-s",
+    )
+    parser.add_argument(
+        "--in-step",
+        action="store_true",
+        help="chunked: every upload lasts --request-s (shippers before the random phase)",
     )
     parser.add_argument("--seconds", type=float, default=30.0, help="steady measurement")
     parser.add_argument("--soak-minutes", type=float, default=0.0, help="steady phase in minutes")

@@ -13,6 +13,7 @@ and seeks the source back there. A 409 offset_gap seeks to the `expected_offset`
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -133,11 +134,18 @@ class UploadPolicy:
     max_request_bytes: int = 8 * 1024 * 1024
     max_request_seconds: float = 10.0
     """Well under the server's idle timeout (60 s by default), so it never cuts a quiet upload."""
+    request_spread: float = 0.1
+    """Each request after the first lasts a random time in the last this share of
+    `max_request_seconds` (`Shipper._request_seconds`); 0 makes every request last the limit."""
     poll_seconds: float = 0.2
     start_timeout_s: float = 10.0
     """How long an unreachable server at start is retried before giving up (exit 2)."""
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.request_spread < 1.0:
+            raise ValueError("request_spread must be in [0, 1)")
 
 
 @dataclass
@@ -160,10 +168,32 @@ class Shipper:
     fallbacks: tuple[str, ...] = ()
     """Other base URLs of the same service (replicas on one database): a connection that
     fails moves the stream to the next, which resumes it from the committed offset."""
+    rng: random.Random = field(default_factory=random.Random)
+    """Draws each request's length (`_request_seconds`)."""
 
     def __post_init__(self) -> None:
         self._backoff = Backoff(self.policy.backoff_base_s, self.policy.backoff_cap_s)
         self._servers = (self.target.server, *self.fallbacks)
+        self._phased = False
+        """Whether this run's requests have their random phase (`_request_seconds`)."""
+
+    def _request_seconds(self) -> float:
+        """How long the next request may stay open, at most `max_request_seconds`.
+
+        Shippers that start together (a job's nodes at launch, a whole fleet after a server
+        restart) would otherwise end and reopen their uploads in the same second, every
+        `max_request_seconds`, and the server would take the whole fleet's final commits and
+        opens at once, each upload waiting behind the others (docs/scale-out.md, "Uploads
+        spread over time"). So the first request after a start or a resync lasts a random
+        share of the limit, which spreads a fleet over the whole interval at once, and each
+        later one a random time in its last `request_spread`, which keeps the fleet spread at
+        almost the same number of requests.
+        """
+        limit = self.policy.max_request_seconds
+        if not self._phased:
+            self._phased = True
+            return limit * self.rng.uniform(0.1, 1.0)
+        return limit * self.rng.uniform(1.0 - self.policy.request_spread, 1.0)
 
     def _fail_over(self, exc: httpx.TransportError) -> None:
         """The next server in the list, when the transport failed (refused, reset, timed out);
@@ -277,7 +307,7 @@ class Shipper:
 
     def _body(self, first: bytes, request: _Request) -> Iterator[bytes]:
         """The request body: chunks as the source has them, until a limit, the end or a stop."""
-        deadline = time.monotonic() + self.policy.max_request_seconds
+        deadline = time.monotonic() + self._request_seconds()
         chunk = first
         while chunk:
             request.sent += len(chunk)
@@ -337,7 +367,11 @@ class Shipper:
                     raise ShipError(message, ExitCode.USAGE) from exc
 
     def _resync(self) -> None:
-        """Ask the committed offset again (retrying until it answers) and seek the source there."""
+        """Ask the committed offset again (retrying until it answers) and seek the source there.
+
+        The next request takes a new random phase: a failure that hit many shippers at once
+        (the server restarting) has put them back in step."""
+        self._phased = False
         while not self.stop.is_set():
             try:
                 state = self._stream_state()

@@ -20,6 +20,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -65,6 +66,8 @@ class ContractServer:
     lock: threading.Lock = field(default_factory=threading.Lock)
     late: dict[tuple[str, str], list[_Upload]] = field(default_factory=dict)
     """Cut uploads whose whole lines land after the next GET of their stream."""
+    opened: list[tuple[str, float]] = field(default_factory=list)
+    """Each POST's stream and when it arrived (monotonic clock)."""
 
     def __post_init__(self) -> None:
         route = Route("/v1/jobs/{job}/logs", self.logs, methods=["GET", "POST"])
@@ -132,6 +135,7 @@ class ContractServer:
     async def _upload(self, request: Request, key: tuple[str, str], raw: str | None) -> Response:
         with self.lock:
             self.posts += 1
+            self.opened.append((key[1], time.monotonic()))
             if self.faults.fail_count:
                 self.faults.fail_count -= 1
                 status = self.faults.fail_status

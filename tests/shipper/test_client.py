@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import itertools
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -354,3 +356,52 @@ def test_ships_a_pipe(log_server: LogServer, job: str, runs: list[Run]) -> None:
     assert state is not None
     assert state.committed_offset == len(data)
     assert state.lines == 5001
+
+
+def test_shippers_started_together_spread_their_uploads_over_the_interval(
+    contract_server: LogServer, job: str, tmp_path: Path, runs: list[Run]
+) -> None:
+    """Twelve nodes' shippers start in the same instant: their first uploads end at random
+    points of the interval, not together, and every later upload stays open for at least the
+    last tenth of the limit, so the fleet stays spread at about one upload per limit."""
+    limit = 0.5
+    policy = replace(FAST, max_request_seconds=limit, max_request_bytes=1 << 30)
+    nodes = [f"node-{i:02d}" for i in range(12)]
+    paths = [tmp_path / f"{node}.log" for node in nodes]
+    for path in paths:
+        path.write_bytes(b"")
+    for i, (node, path) in enumerate(zip(nodes, paths, strict=True)):
+        run = make_run(runs, contract_server, partial(FileFollower, path, follow=True), job, policy)
+        run.shipper.target = replace(run.shipper.target, node=node)
+        run.shipper.rng = random.Random(i)
+    stop = threading.Event()
+
+    def write() -> None:
+        step = 0
+        while not stop.wait(0.02):
+            for path in paths:
+                with path.open("ab") as log:
+                    log.write(log_lines(step, 1))
+            step += 1
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    for run in runs:
+        run.start()
+    assert contract_server.contract is not None
+    opened = contract_server.contract.opened
+
+    def four_each() -> bool:
+        return all(sum(1 for s, _ in list(opened) if s == node) >= 4 for node in nodes)
+
+    wait_until(four_each, 20, "four uploads per node")
+    stop.set()
+    for run in runs:
+        run.finish()
+    writer.join(5)
+
+    times = {node: [at for s, at in opened if s == node] for node in nodes}
+    first_lengths = [at[1] - at[0] for at in times.values()]
+    later_lengths = [b - a for at in times.values() for a, b in itertools.pairwise(at[1:4])]
+    assert max(first_lengths) - min(first_lengths) > 0.4 * limit
+    assert min(later_lengths) >= 0.9 * limit
