@@ -17,13 +17,16 @@ same process, each on its own streams:
   (the embedded SQLite default, `StreamWriter.sole_writer`).
 
 Reported: CPU microseconds per upload (process time: the event loop and the database thread
-together), best and median of the rounds, and the ratio to `per statement`.
+together), best and median of the rounds, and the ratio to `per statement`. Then one group of
+`--streams` commits in one transaction (`commit_many`, as `CommitGroup` writes a full group),
+per statement and set-based alternated: CPU microseconds per commit.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import tempfile
 import time
@@ -33,6 +36,7 @@ from pathlib import Path
 
 from diagnoser.config import IngestSettings
 from diagnoser.ingest import streams
+from diagnoser.ingest.streams import Progress, StreamCommit, commit_many, open_stream
 from diagnoser.ingest.writer import StreamLocks, StreamWriter
 from diagnoser.pipeline import Pipeline, StreamKey
 from diagnoser.store.database import Sessions, create_service_engine, parse_database_url
@@ -108,6 +112,37 @@ async def _main(args: argparse.Namespace, url: str) -> dict[str, list[float]]:
         await sessions.close()
 
 
+async def _group_commits(url: str, count: int, rounds: int) -> dict[str, list[float]]:
+    """CPU per commit of one full group, per statement and set-based, alternated."""
+    db = parse_database_url(url)
+    sessions = Sessions(create_service_engine(db, pool_size=4), db)
+    ways = {"per statement": 10**9, "set-based": SET_BASED_FROM}
+    spent: dict[str, list[float]] = {name: [] for name in ways}
+    try:
+        ids = await sessions.run(
+            lambda conn: [
+                open_stream(conn, "job-group", f"g-{n:05d}", f"g-{n:05d}", None, {}).stream_id
+                for n in range(count)
+            ]
+        )
+        offset = 0
+        for _ in range(rounds):
+            for name, threshold in ways.items():
+                batch = [
+                    StreamCommit("job-group", i, Progress(offset, offset + 800, 10, 0)) for i in ids
+                ]
+                streams.SET_BASED_FROM = threshold
+                start = time.process_time()
+                won = await sessions.run(functools.partial(commit_many, commits=batch))
+                spent[name].append((time.process_time() - start) / count)
+                assert all(won), "a commit was refused"
+                offset += 800
+        return spent
+    finally:
+        streams.SET_BASED_FROM = SET_BASED_FROM
+        await sessions.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, default=1000, help="uploads per round")
@@ -123,6 +158,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         url = args.database_url or f"sqlite:///{Path(tmp) / 'bench.db'}"
         spent = asyncio.run(_main(args, url))
+        grouped = asyncio.run(_group_commits(url, args.streams, args.rounds))
     base = statistics.median(spent[WAYS[0].name])
     print(
         f"{args.streams} uploads a round, {args.starts_per_s:g} opened per s, each "
@@ -137,6 +173,16 @@ def main() -> None:
         print(
             f"| {way.name} | {min(per):,.1f} | {statistics.median(per):,.1f} | "
             f"{median / base:.2f}x |"
+        )
+
+    print(f"\none group of {args.streams} commits in one transaction, {args.rounds} rounds")
+    print("| way | CPU us per commit, best | median | vs per statement |")
+    print("|---|---:|---:|---:|")
+    base = statistics.median(grouped["per statement"])
+    for name, each in grouped.items():
+        print(
+            f"| {name} | {min(each) * 1e6:,.1f} | {statistics.median(each) * 1e6:,.1f} | "
+            f"{statistics.median(each) / base:.2f}x |"
         )
 
 
