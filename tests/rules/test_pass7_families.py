@@ -7,8 +7,9 @@ Python runtime refused (NumPy, Arrow); PyTorch's debug-mode collective checks (m
 barriers, mismatched collectives), its 1.x wait() timeout and its device-mismatch check; NCCL's
 fatal-error stats check and proxy UDS calls; torch.save's central-directory write; torch's cuDNN
 version check; accelerate's port check; Ray's GCS client; XLA's coordination-service RPC
-rewrite. Each healthy log carries a harmless neighbour of those reports (a completed task, a
-state query, a progress line, a retry), which must stay silent.
+rewrite; c10d's store error where a rank raises it. Each healthy log carries a harmless
+neighbour of those reports (a completed task, a state query, a progress line, a retry), which
+must stay silent, and a run that ended with c10d's store warnings at teardown is healthy.
 """
 
 from __future__ import annotations
@@ -209,6 +210,19 @@ FAILING: dict[str, tuple[str, str, Action]] = {
         "communicator_aborted",
         ESCALATE,
     ),
+    # c10d's store error where it is raised (issue 11): the exception line, a C++ what()
+    "c10d store error raised": (
+        "[rank3]: torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection "
+        "was likely closed. Did the remote server shutdown or crash?",
+        "rendezvous_error",
+        RESTART,
+    ),
+    "c10d store error uncaught": (
+        "  what():  Failed to recv, got 0 bytes. Connection was likely closed. Did the remote "
+        "server shutdown or crash?",
+        "rendezvous_error",
+        RESTART,
+    ),
 }
 
 HEALTHY = {
@@ -236,7 +250,34 @@ HEALTHY = {
     "had defaults used instead: `--num_processes` was set to a value of `8`",
     "coordination rpc info": "I0926 17:26:30.100000  157988 coordination_service_agent.cc:120] "
     "Sending RPC to coordination service: RegisterTask",
+    "nccl heartbeat store check": "[rank8]:[W318 10:00:41.929037914 ProcessGroupNCCL.cpp:1771] "
+    '[PG ID 0 PG GUID 0 Rank 8] Failed to check the "should dump" flag on TCPStore, (maybe '
+    "TCPStore server has shut down too early), with error: Connection reset by peer",
 }
+
+# c10d at teardown (issue 11): the rank hosting the TCPStore exits first, the other ranks'
+# store client logs the failed read as a warning and rethrows, and ProcessGroupNCCL's heartbeat
+# monitor, whose periodic store check it was, catches it, warns and gives up. In 2.8+ words
+# and in the lower-case ones of the releases before.
+TEARDOWN = (
+    "Training completed. Saved final checkpoint to /checkpoints/final\n"
+    + "".join(
+        f"[rank{r}]:[W901 07:40:19.96857{r}826 TCPStore.cpp:125] [c10d] recvValue failed on "
+        f"SocketImpl(fd=64, addr=[localhost]:3598{r}, remote=[localhost]:45489): Failed to "
+        "recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or "
+        f"crash?\n[rank{r}]:[W901 07:40:19.97118{r}476 ProcessGroupNCCL.cpp:1826] [PG ID 0 PG "
+        f'GUID 0 Rank {r}] Failed to check the "should dump" flag on TCPStore, (maybe TCPStore '
+        "server has shut down too early), with error: Failed to recv, got 0 bytes. Connection "
+        "was likely closed. Did the remote server shutdown or crash?\n"
+        for r in range(1, 4)
+    )
+    + "[rank1]:[W625 23:35:35.303797152 TCPStore.cpp:125] [c10d] recvValue failed on "
+    "SocketImpl(fd=6, addr=[::ffff:127.0.0.1]:37468, remote=[::ffff:127.0.0.1]:6006): failed to "
+    "recv, got 0 bytes\n"
+    "[rank1]:[W625 23:35:35.311127584 ProcessGroupNCCL.cpp:1662] [PG ID 0 PG GUID "
+    '0(default_pg) Rank 1] Failed to check the "should dump" flag on TCPStore, (maybe TCPStore '
+    "server has shut down too early), with error: failed to recv, got 0 bytes"
+)
 
 
 @pytest.mark.parametrize(("line", "failure_type", "action"), FAILING.values(), ids=list(FAILING))
@@ -263,3 +304,29 @@ def test_a_failed_monitored_barrier_yields_to_the_rank_that_died(
         "srun: error: gpu-node-4: task 1: Out Of Memory",
     )
     assert_family_verdict(verdict, "host_oom", NOTIFY)
+
+
+def test_c10d_store_warnings_at_teardown_stay_healthy(pack: RuleSet, tmp_path: Path) -> None:
+    """Warnings the store client and the heartbeat monitor log after training ended, from
+    several ranks: no rank raised, the run is healthy."""
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, TEARDOWN))
+
+
+def test_the_c10d_store_error_a_rank_raises_is_still_a_rendezvous_failure(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    """The same read failing in the main thread: warned, then raised, and the rank dies."""
+    raised = (
+        "[rank1]:[W901 07:40:19.968570826 TCPStore.cpp:125] [c10d] recvValue failed on "
+        "SocketImpl(fd=64, addr=[localhost]:35986, remote=[localhost]:45489): Failed to recv, "
+        "got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?\n"
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/workspace/train.py", line 120, in <module>\n'
+        "[rank1]:     dist.barrier()\n"
+        '[rank1]:   File "/usr/lib/python3.12/site-packages/torch/distributed/'
+        'distributed_c10d.py", line 4635, in barrier\n'
+        "[rank1]:     work = group.barrier(opts=opts)\n"
+        "[rank1]: torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection "
+        "was likely closed. Did the remote server shutdown or crash?"
+    )
+    assert_family_verdict(verdict_of(pack, tmp_path, STEPS, raised), "rendezvous_error", RESTART)
