@@ -360,7 +360,7 @@ class TemplateMiner:
         flat = fine.translate(_ZERO)
         by_flat = self._by_flat
         tid = by_flat.get(flat)
-        t = None if tid is None else self._resolve(tid)
+        t = None if tid is None else self._templates.get(tid) or self._resolve(tid)
         if t is None:
             if tid is not None:
                 del by_flat[flat]
@@ -379,7 +379,7 @@ class TemplateMiner:
         coarse = collapse_digits(flat)
         by_coarse = self._by_coarse
         tid = by_coarse.get(coarse)
-        t = None if tid is None else self._resolve(tid)
+        t = None if tid is None else self._templates.get(tid) or self._resolve(tid)
         if t is None:
             if tid is not None:
                 del by_coarse[coarse]
@@ -387,7 +387,7 @@ class TemplateMiner:
             mkey = " ".join(words)
             by_masked = self._by_masked
             tid = by_masked.get(mkey)
-            t = None if tid is None else self._resolve(tid)
+            t = None if tid is None else self._templates.get(tid) or self._resolve(tid)
             if t is None:
                 if tid is not None:
                     del by_masked[mkey]
