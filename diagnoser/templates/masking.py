@@ -323,8 +323,18 @@ def _long_field(line: str) -> bool:
 
 def mask_coarse_word(word: bytes) -> str:
     """`mask_word` of a word given by its coarse form (an ASCII word's `coarse_words` entry)."""
+    if word == b"1":  # digits only (a run of them is one 1)
+        return _INT
     text = word.decode("latin-1")
-    return mask_word(text.replace("\xff", "0") if "\xff" in text else text)
+    if "\xff" in text:
+        text = text.replace("\xff", "0")
+    if not text.isascii() or "\x00" in text:
+        return mask_word(text)
+    # `mask_word` for an ASCII word that is not all digits, written out: most words of a cold
+    # miner come here.
+    if _MAYBE_VARIABLE.search(text) is None and text.count("-") < 4:
+        return text
+    return VARIABLE.sub(_sentinel, text)
 
 
 def split_words(line: str) -> tuple[list[str], list[str]]:
