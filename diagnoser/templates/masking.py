@@ -238,9 +238,12 @@ def flat_skeleton(line: str) -> bytes:
 
 
 def collapse_digits(flat: bytes) -> bytes:
-    """Each run of 1s written as one 1 (digits are 1s in a `flat_skeleton`)."""
-    raw = flat.replace(b"111", b"1").replace(b"11", b"1")
-    while b"11" in raw:
+    """Each run of 1s written as one 1 (digits are 1s in a `flat_skeleton`).
+
+    `find`, not `in`: `bytes in bytes` first tries the operand as an integer and pays for the
+    TypeError it raises (a tenth of this function's cost)."""
+    raw = flat.replace(b"11111", b"1").replace(b"111", b"1").replace(b"11", b"1")
+    while raw.find(b"11") >= 0:
         raw = raw.replace(b"11", b"1")
     return raw
 
@@ -276,11 +279,32 @@ def coarse_words(coarse: bytes, line: str) -> list[bytes] | None:
     shorter, and may group a field the line leaves split)."""
     if not line.isascii() or (not line.isprintable() and _ODD_SPACE.search(coarse) is not None):
         return None
-    if b"[" not in coarse or _SPACED_FIELD.search(coarse) is None:
+    if coarse.find(b"[") < 0 or _SPACED_FIELD.search(coarse) is None:
         return coarse.split()
     if len(line) > _FIELD + 2 and _long_field(line):
         return None
-    return _WORD_BYTES.findall(coarse)
+    return split_fields(coarse)
+
+
+_FIELD_BYTES = re.compile(rb"\[[^\[\]\n]{0,200}\]")
+_HIDE = bytes.maketrans(b" \t\r\x0b\x0c", b"\x80\x81\x82\x83\x84")
+_SHOW = bytes.maketrans(b"\x80\x81\x82\x83\x84", b" \t\r\x0b\x0c")
+
+
+def _hide(m: re.Match[bytes]) -> bytes:
+    return m.group().translate(_HIDE)
+
+
+def split_fields(coarse: bytes) -> list[bytes]:
+    """`_WORD_BYTES.findall(coarse)` for bytes with no byte from 0x80 to 0x84 (a coarse
+    skeleton of an ASCII line), in half the time. The word pattern tries a field at every `[`
+    of the line, so the fields are what `_FIELD_BYTES` finds; their whitespace is hidden as
+    bytes the line cannot hold, the rest is split by `bytes.split` and shown again. No word
+    holds a newline (a field cannot), so one join and split carry the words through."""
+    found = _FIELD_BYTES.sub(_hide, coarse).split()
+    if not found:
+        return found
+    return b"\n".join(found).translate(_SHOW).split(b"\n")
 
 
 _FIELD = 200
@@ -299,8 +323,18 @@ def _long_field(line: str) -> bool:
 
 def mask_coarse_word(word: bytes) -> str:
     """`mask_word` of a word given by its coarse form (an ASCII word's `coarse_words` entry)."""
+    if word == b"1":  # digits only (a run of them is one 1)
+        return _INT
     text = word.decode("latin-1")
-    return mask_word(text.replace("\xff", "0") if "\xff" in text else text)
+    if "\xff" in text:
+        text = text.replace("\xff", "0")
+    if not text.isascii() or "\x00" in text:
+        return mask_word(text)
+    # `mask_word` for an ASCII word that is not all digits, written out: most words of a cold
+    # miner come here.
+    if _MAYBE_VARIABLE.search(text) is None and text.count("-") < 4:
+        return text
+    return VARIABLE.sub(_sentinel, text)
 
 
 def split_words(line: str) -> tuple[list[str], list[str]]:

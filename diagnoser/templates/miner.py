@@ -18,6 +18,7 @@ templates: past `max_templates` the least recently seen template is evicted.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -49,8 +50,9 @@ _FINE = bytes.maketrans(b"123456789", b"111111111")
 """`masking.skeleton`, inlined in `add`."""
 _ZERO = bytes.maketrans(b"0", b"1")
 _SENTINELS = frozenset(SENTINEL.values())
-_GENERIC = str.maketrans(dict.fromkeys(SENTINEL.values(), _ANY))
-_UNSLOT = str.maketrans(dict.fromkeys(SENTINEL.values()))
+_SLOTS = re.compile("[" + "".join(SENTINEL.values()) + "]")
+"""Any sentinel. `str.translate` with a dict costs a raised KeyError per character of a
+non-ASCII string (every masked word with a slot): a `sub` of this is ten times cheaper."""
 
 CONST, VAR, WILD, WORD = 0, 1, 2, 3
 """Word kinds: text that names the event; slots and punctuation only; a position merged to `<*>`;
@@ -105,14 +107,14 @@ def _shape(word: str) -> tuple[str, int]:
         if core in _UNITS:
             return word, VAR
         return word, WORD if core.isalpha() else CONST
-    generic = word.translate(_GENERIC)
+    generic = _SLOTS.sub(_ANY, word)
     if core in _UNITS:
         return generic, VAR
     if _ANY not in generic:  # no slot
         return generic, WORD if core.isalpha() else CONST
     if word == _ANY:
         return generic, WILD
-    rest = word.translate(_UNSLOT)
+    rest = _SLOTS.sub("", word)
     # An ASCII letter is an ASCII character with two cases.
     text = rest.lower() != rest.upper() if rest.isascii() else any(c.isalpha() for c in rest)
     return generic, CONST if text else VAR
@@ -194,6 +196,7 @@ class _Template:
         generic: list[str],
         kinds: list[int],
         line: str = "",
+        key: str | None = None,
     ) -> None:
         self.id = tid
         self.words = words
@@ -203,7 +206,7 @@ class _Template:
         self.line = line
         self.generic = generic
         self.kinds = kinds
-        self.key = " ".join(words)
+        self.key = " ".join(words) if key is None else key
         self.seq = 0
         """When it joined its bucket: bucket order, which breaks ties between templates."""
         self.signature: list[tuple[int, str]] = []
@@ -324,25 +327,29 @@ class TemplateMiner:
         """Plain word -> the sibling groups it is a value in -> its position there."""
         self._next_id = 1
         self._lines = 0
+        self._max_chars = self.config.max_line_chars
+        self._max_samples = self.config.max_samples
+        """`config`'s, read once per line: an attribute, not two."""
 
     # -- public API -------------------------------------------------------------------------
 
     def add(self, line: str) -> int:
         """Group one line, learning from it; returns its template's id."""
-        self._lines += 1
-        if len(line) > self.config.max_line_chars:
-            line = line[: self.config.max_line_chars]
+        n = self._lines = self._lines + 1
+        if len(line) > self._max_chars:
+            line = line[: self._max_chars]
         fine = line.encode("utf-8", "surrogatepass").translate(_FINE)
         tid = self._by_skeleton.get(fine)
         t = None if tid is None else self._templates.get(tid)
         if t is None:
             t = self._slow(line, fine)
         t.count += 1
-        t.last_seen = self._lines
-        if len(t.samples) < self.config.max_samples:
+        t.last_seen = n
+        if len(t.samples) < self._max_samples:
             t.samples.append(_clean(line))
-        self._templates.move_to_end(t.id)
-        return t.id
+        tid = t.id
+        self._templates.move_to_end(tid)
+        return tid
 
     def _slow(self, line: str, fine: bytes) -> _Template:
         """`add` for a line whose skeleton is not cached (or points at a merged template).
@@ -353,7 +360,7 @@ class TemplateMiner:
         flat = fine.translate(_ZERO)
         by_flat = self._by_flat
         tid = by_flat.get(flat)
-        t = None if tid is None else self._resolve(tid)
+        t = None if tid is None else self._templates.get(tid) or self._resolve(tid)
         if t is None:
             if tid is not None:
                 del by_flat[flat]
@@ -372,7 +379,7 @@ class TemplateMiner:
         coarse = collapse_digits(flat)
         by_coarse = self._by_coarse
         tid = by_coarse.get(coarse)
-        t = None if tid is None else self._resolve(tid)
+        t = None if tid is None else self._templates.get(tid) or self._resolve(tid)
         if t is None:
             if tid is not None:
                 del by_coarse[coarse]
@@ -380,11 +387,11 @@ class TemplateMiner:
             mkey = " ".join(words)
             by_masked = self._by_masked
             tid = by_masked.get(mkey)
-            t = None if tid is None else self._resolve(tid)
+            t = None if tid is None else self._templates.get(tid) or self._resolve(tid)
             if t is None:
                 if tid is not None:
                     del by_masked[mkey]
-                t = self._learn(line, words)
+                t = self._learn(line, words, mkey)
                 if len(by_masked) >= limit:
                     by_masked.clear()
                 by_masked[mkey] = t.id
@@ -406,9 +413,10 @@ class TemplateMiner:
         if t is not None:
             return t.id
         words = self._mask(line, coarse)
-        t = self._cached(self._by_masked, " ".join(words))
+        mkey = " ".join(words)
+        t = self._cached(self._by_masked, mkey)
         if t is None:
-            t = self._best(words, *self._shapes_of(words))
+            t = self._best(words, mkey, *self._shapes_of(words))
         return None if t is None else t.id
 
     def get(self, template_id: int) -> TemplateView | None:
@@ -481,11 +489,12 @@ class TemplateMiner:
                     cache[word] = kinds[j]  # type: ignore[assignment]
         return list(map(self._generic.__getitem__, words)), kinds  # type: ignore[return-value]
 
-    def _learn(self, line: str, words: list[str]) -> _Template:
+    def _learn(self, line: str, words: list[str], key: str) -> _Template:
+        """`key` is `" ".join(words)`, which the caller has made."""
         generic, kinds = self._shapes_of(words)
-        best = self._best(words, generic, kinds)
+        best = self._best(words, key, generic, kinds)
         if best is None:
-            return self._create(words, line, generic, kinds)
+            return self._create(words, key, line, generic, kinds)
         changes = best.widening(words, generic)
         if changes:
             self._unindex(best)
@@ -493,14 +502,16 @@ class TemplateMiner:
             best = self._index(best)
         return best
 
-    def _best(self, words: list[str], generic: list[str], kinds: list[int]) -> _Template | None:
+    def _best(
+        self, words: list[str], key: str, generic: list[str], kinds: list[int]
+    ) -> _Template | None:
         """The template at or above `similarity` most like the line (ties: the first in bucket
         order with the highest count), or None."""
         n = len(words)
         bucket = self._buckets.get(n)
         if not bucket:
             return None
-        exact = bucket.get(" ".join(words))
+        exact = bucket.get(key)
         if exact is not None:
             return exact
         candidates = bucket.values() if len(bucket) <= _SCAN else self._candidates(n, generic)
@@ -562,10 +573,10 @@ class TemplateMiner:
             del self._unsigned[n][t.id]
 
     def _create(
-        self, words: list[str], line: str, generic: list[str], kinds: list[int]
+        self, words: list[str], key: str, line: str, generic: list[str], kinds: list[int]
     ) -> _Template:
         """A new template from the line (`generic` and `kinds` become its own)."""
-        t = _Template(self._next_id, list(words), None, self._lines, generic, kinds, line)
+        t = _Template(self._next_id, list(words), None, self._lines, generic, kinds, line, key)
         self._next_id += 1
         self._templates[t.id] = t
         t = self._index(t)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from diagnoser.templates.masking import _WORD_BYTES as WORD_BYTES
 from diagnoser.templates.masking import (
     PLAIN_PATTERNS,
     SENTINEL,
@@ -23,6 +24,7 @@ from diagnoser.templates.masking import (
     render,
     render_masked,
     skeleton,
+    split_fields,
     tokenize,
     words,
 )
@@ -223,3 +225,39 @@ def test_coarse_words_split_as_the_line_does(line: str) -> None:
     found = coarse_words(coarse_skeleton(skeleton(line)), line)
     if found is not None:
         assert [mask_coarse_word(w) for w in found] == [mask_word(w) for w in words(line)]
+
+
+_field_bytes = st.lists(
+    st.sampled_from(
+        [
+            *(
+                b"[",
+                b"]",
+                b"[a b]",
+                b"a",
+                b"1",
+                b"\xff",
+                b"-",
+                b"x" * 90,
+                b"[" + b"y 1" * 60 + b"]",
+            ),
+            *(b" ", b"  ", b"\t", b"\r", b"\n", b"\x0b", b"\x0c"),
+        ]
+    ),
+    max_size=30,
+).map(b"".join)
+
+
+@given(_field_bytes)
+def test_split_fields_finds_the_words_the_word_pattern_finds(coarse: bytes) -> None:
+    assert split_fields(coarse) == WORD_BYTES.findall(coarse)
+
+
+def test_split_fields_finds_the_words_the_word_pattern_finds_on_loghub() -> None:
+    paths = loghub_datasets()
+    assert paths, "loghub-2k not found (../shared/data/loghub-2k)"
+    for path in paths:
+        for line in read_lines(path):
+            if line.isascii():
+                coarse = coarse_skeleton(skeleton(line))
+                assert split_fields(coarse) == WORD_BYTES.findall(coarse), line
