@@ -63,7 +63,8 @@ _ECC_HEADER = regex.compile(r"^\s*Double Bit\s*$")
 _ECC_FIELD = regex.compile(r"^\s+(?P<key>[A-Z][A-Za-z0-9 ]*?)\s*:\s*(?P<value>\S.*?)\s*$")
 
 _CPP_BACKTRACE = regex.compile(
-    r"^(?:\S+ )?(?:Exception raised from \S+ at \S+ \(most recent call first\):|(?P<frame>frame #\d+: ))"
+    r"^(?:\S+ )?(?:Exception raised from \S+ at \S+ \(most recent call first\):"
+    r"|(?P<frame>frame #\d+: ))"
 )
 """A line of c10::Error's C++ backtrace (c10/util/Exception.cpp): its header, or a frame."""
 _WARNING_LINE = regex.compile(
