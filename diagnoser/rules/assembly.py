@@ -62,6 +62,18 @@ _NCCL_VERSION = regex.compile(r"NCCL version (?P<v>[\d.]+\S*)")
 _ECC_HEADER = regex.compile(r"^\s*Double Bit\s*$")
 _ECC_FIELD = regex.compile(r"^\s+(?P<key>[A-Z][A-Za-z0-9 ]*?)\s*:\s*(?P<value>\S.*?)\s*$")
 
+_CPP_BACKTRACE = regex.compile(
+    r"^(?:\S+ )?(?:Exception raised from \S+ at \S+ \(most recent call first\):"
+    r"|(?P<frame>frame #\d+: ))"
+)
+"""A line of c10::Error's C++ backtrace (c10/util/Exception.cpp): its header, or a frame."""
+_WARNING_LINE = regex.compile(
+    r"^(?:\[W(?:\d{3,4} \d\d:\d\d:\d\d\.\d+)? |W\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ )[^\s\]]+:\d+\] "
+)
+"""A warning-level line of c10's own logger (`[W901 07:40:19.968570826 TCPStore.cpp:125] `,
+older releases `[W TCPStore.cpp:125] `) or of glog (`W0901 07:40:19.968570 1234 file.cc:12] `),
+read past a launcher prefix (c10 writes `[rank1]:` itself)."""
+
 MAX_TRACEBACK_LINES = 400
 MAX_TRACEBACK_NOISE = 20
 MAX_CHILD_FAILED_LINES = 200
@@ -304,6 +316,20 @@ class EccSectionAssembler(Assembler):
             line_no=self.line_no,
             evidence=tuple(self.lines),
         )
+
+
+def cpp_backtrace_line(line: str) -> int:
+    """0 if the line is no part of a C++ backtrace, 1 for its `Exception raised from ...`
+    header, 2 for a `frame #N:` line."""
+    m = _CPP_BACKTRACE.match(strip_prefix(line))
+    if m is None:
+        return 0
+    return 2 if m["frame"] is not None else 1
+
+
+def warning_level(line: str) -> bool:
+    """Whether the line is a message c10 (or glog) logged at warning level."""
+    return _WARNING_LINE.match(strip_prefix(line)) is not None
 
 
 def headless_exception(line: str, offset: int, line_no: int) -> Block | None:

@@ -18,9 +18,11 @@ from diagnoser.rules.assembly import (
     Block,
     TracebackAssembler,
     Verdict,
+    cpp_backtrace_line,
     headless_exception,
     open_block,
     strip_prefix,
+    warning_level,
 )
 from diagnoser.rules.events import RuleEvent
 from diagnoser.rules.schema import EXCEPTION_TEMPLATE, Unit
@@ -70,6 +72,12 @@ class JobScanner:
         )
         self.timeouts: dict[str, int] = {}
         """Regex runs abandoned after `RuleSet.timeout`, per rule id."""
+        self._tails: dict[StreamKey, str] = {}
+        """Each stream's last line so far: the line before its next batch's first."""
+        self._before: str | None = None
+        """The line before the batch being scanned, on its stream."""
+        self._warned: dict[StreamKey, int] = {}
+        """Per stream, the number of the last line of a C++ backtrace a warning carries."""
 
     def feed(self, node: str, rank: int | None, batch: LineBatch, now: float) -> list[RuleEvent]:
         """Scan one batch of a stream; return the events it completes, in line order."""
@@ -77,6 +85,9 @@ class JobScanner:
         key = (node, rank)
         blocks = self._open.get(key)
         out: list[RuleEvent] = []
+        self._before = self._tails.get(key)
+        if batch.lines:
+            self._tails[key] = batch.lines[-1]
         if not candidates and not blocks:
             return out
         if blocks is None:
@@ -106,6 +117,8 @@ class JobScanner:
         """End of a stream: close its open blocks. A traceback that never reached its exception
         line is read by the catch-all line rules instead (`_orphaned`)."""
         out: list[RuleEvent] = []
+        self._tails.pop((node, rank), None)
+        self._warned.pop((node, rank), None)
         for line_rank, assembler in self._open.pop((node, rank), {}).items():
             block = assembler.finish()
             if block is not None:
@@ -196,6 +209,12 @@ class JobScanner:
             mask & self.ruleset.trigger_bits[Unit.TRACEBACK]
         )
         inside = verdict is Verdict.CONTINUE or opens_traceback
+        if (
+            not inside
+            and mask & self._fallback_line_mask
+            and ("frame #" in line or "Exception raised from " in line)
+        ):
+            inside = self._carried_by_warning((node, stream_rank), batch, index, line, line_no)
         events = self._line_events(mask, line, offset, line_no, node, rank, now, not inside)
         preceding: tuple[str, ...] = ()
         if closed is not None and closed.unit is not Unit.TRACEBACK:
@@ -216,6 +235,33 @@ class JobScanner:
                 if mask & self.ruleset.trigger_bits[unit]:
                     blocks[rank] = open_block(unit, line, offset, line_no, preceding)
                     break
+
+    def _carried_by_warning(
+        self, key: StreamKey, batch: LineBatch, index: int, line: str, line_no: int
+    ) -> bool:
+        """Whether the line is part of a C++ backtrace a warning-level line carries.
+
+        c10's loggers print a caught c10::Error's `what()` in one message, and `what()` ends
+        with the error's backtrace ("Exception raised from <fn> at <file> (most recent call
+        first):", then `frame #N:` lines), so a warning about a handled error (c10d's TCPStore
+        client warning, ProcessGroupNCCL's heartbeat monitor at teardown) is followed by
+        lines that look like an orphan native backtrace. A backtrace whose header directly
+        follows a warning-level line (`[W...]`), and its frames after it without a gap, are that
+        warning's text: the rules that read the warning decide, catch-alls stay out. A backtrace
+        after an error-level line, an exception line, `what():`, or nothing keeps its reading.
+        Only lines already flagged for a catch-all get here, and the test is literal first.
+        """
+        kind = cpp_backtrace_line(line)
+        if kind == 0:
+            return False
+        if kind == 2:
+            carried = self._warned.get(key) == line_no - 1
+        else:
+            before = batch.lines[index - 1] if index else self._before
+            carried = before is not None and warning_level(before)
+        if carried:
+            self._warned[key] = line_no
+        return carried
 
     def _line_events(
         self,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from diagnoser.ingest.framing import LineBatch
-from diagnoser.rules import Action, RuleSet, load_dir, make_batch, scan_lines
+from diagnoser.rules import Action, JobScanner, RuleSet, load_dir, make_batch, scan_lines
 from diagnoser.rules.engine import parse_time
 from tests.rules.conftest import MINIMAL_RULE, write_rules
 
@@ -271,3 +271,28 @@ def test_a_message_anchored_at_its_start_is_read_past_a_launcher_prefix(
     (event,) = scan_lines(pack, [line])
     assert (event.failure_type, event.action) == ("rendezvous_error", Action.RESTART_JOB)
     assert event.text == line
+
+
+def test_a_warnings_backtrace_split_across_batches_is_still_the_warnings(pack: RuleSet) -> None:
+    """Live streams arrive a few lines at a time: the warning, the backtrace's header and its
+    frames may each come in a batch of their own, and the backtrace is still the warning's."""
+    lines = [
+        "[rank1]:[W901 07:40:19.968570826 TCPStore.cpp:125] [c10d] recvValue failed on "
+        "SocketImpl(fd=64): failed to recv, got 0 bytes",
+        "Exception raised from recvBytes at /pytorch/torch/csrc/distributed/c10d/Utils.hpp:682 "
+        "(most recent call first):",
+        "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x98 (0x7f3c2a1b4e88 in "
+        "/usr/lib/libc10.so)",
+        "frame #1: <unknown function> + 0x5ba8afe (0x7f3c0e5a8afe in /usr/lib/libtorch_cpu.so)",
+    ]
+    scanner = JobScanner(pack)
+    events = []
+    offset = 0
+    for no, line in enumerate(lines, 1):
+        events += scanner.feed("n", None, make_batch([line], offset, no), 0.0)
+        offset += len(line) + 1
+    events += scanner.flush_all(0.0)
+    assert [e.rule_id for e in events if e.rule_id == "unexplained_traceback"] == []
+    alone = JobScanner(pack)
+    orphan = alone.feed("n", None, make_batch(lines[1:]), 0.0) + alone.flush_all(0.0)
+    assert "unexplained_traceback" in [e.rule_id for e in orphan]

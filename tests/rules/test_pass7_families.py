@@ -330,3 +330,100 @@ def test_the_c10d_store_error_a_rank_raises_is_still_a_rendezvous_failure(
         "was likely closed. Did the remote server shutdown or crash?"
     )
     assert_family_verdict(verdict_of(pack, tmp_path, STEPS, raised), "rendezvous_error", RESTART)
+
+
+# c10::Error's what() ends with the error's C++ backtrace, and c10's loggers print what() whole:
+# the store client's warning and the heartbeat monitor's carry it at teardown. After a
+# warning-level line it is that warning's text; after anything else it still escalates.
+BACKTRACE = (
+    "Exception raised from recvBytes at /pytorch/torch/csrc/distributed/c10d/Utils.hpp:682 (most "
+    "recent call first):\n"
+    "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x98 (0x7f3c2a1b4e88 in "
+    "/usr/local/lib/python3.11/site-packages/torch/lib/libc10.so)\n"
+    "frame #1: <unknown function> + 0x5ba8afe (0x7f3c0e5a8afe in "
+    "/usr/local/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so)\n"
+    "frame #2: c10d::TCPStore::check(std::vector<std::string, std::allocator<std::string> > "
+    "const&) + 0x2a9 (0x7f3c0e5a1f49 in "
+    "/usr/local/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so)\n"
+    "frame #3: c10d::ProcessGroupNCCL::heartbeatMonitor() + 0x3b5 (0x7f3bd0a5f2c5 in "
+    "/usr/local/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so)\n"
+    "frame #4: <unknown function> + 0x94ac3 (0x7f3c2c094ac3 in "
+    "/usr/lib/x86_64-linux-gnu/libc.so.6)\n"
+)
+STORE_ERROR = (
+    "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown "
+    "or crash?"
+)
+
+
+def _warned_with_backtrace(r: int) -> str:
+    return (
+        f"[rank{r}]:[W901 07:40:19.96857{r}826 TCPStore.cpp:125] [c10d] recvValue failed on "
+        f"SocketImpl(fd=64, addr=[localhost]:3598{r}, remote=[localhost]:45489): {STORE_ERROR}\n"
+        + BACKTRACE
+        + f"[rank{r}]:[W901 07:40:19.97118{r}476 ProcessGroupNCCL.cpp:1826] [PG ID 0 PG GUID 0 "
+        f'Rank {r}] Failed to check the "should dump" flag on TCPStore, (maybe TCPStore server '
+        f"has shut down too early), with error: {STORE_ERROR}\n" + BACKTRACE
+    )
+
+
+TEARDOWN_WITH_BACKTRACES = (
+    "Training completed. Saved final checkpoint to /checkpoints/final\n"
+    + "".join(_warned_with_backtrace(r) for r in range(1, 4))
+    # An older release's logger: no date in the prefix.
+    + "[W TCPStore.cpp:138] [c10d] recvVector failed on SocketImpl(fd=6): failed to recv, got 0 "
+    "bytes\n" + BACKTRACE
+)
+
+
+def test_c10d_store_warnings_carrying_their_backtrace_stay_healthy(
+    pack: RuleSet, pack_regex: RuleSet, tmp_path: Path
+) -> None:
+    """The teardown warnings with c10::Error's backtrace after each, from several ranks on two
+    nodes: the backtraces are the warnings' text, not native failures of their own."""
+    for one in (pack, pack_regex):
+        assert_healthy(verdict_of(one, tmp_path, STEPS, TEARDOWN_WITH_BACKTRACES))
+        assert_healthy(
+            verdict_of(one, tmp_path, STEPS, _warned_with_backtrace(1), _warned_with_backtrace(2))
+        )
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        # the warning with its backtrace, then the rank's own traceback
+        _warned_with_backtrace(1) + "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/workspace/train.py", line 120, in <module>\n'
+        "[rank1]:     dist.barrier()\n"
+        f"[rank1]: torch.distributed.DistNetworkError: {STORE_ERROR}",
+        # the warning with its backtrace, then the error nobody caught in C++
+        _warned_with_backtrace(1)
+        + "terminate called after throwing an instance of 'c10::DistNetworkError'\n"
+        f"  what():  {STORE_ERROR}\n" + BACKTRACE,
+    ],
+    ids=["exception line", "terminate what"],
+)
+def test_the_store_error_raised_after_the_warned_backtrace_is_still_a_rendezvous_failure(
+    pack: RuleSet, tmp_path: Path, raised: str
+) -> None:
+    assert_family_verdict(verdict_of(pack, tmp_path, STEPS, raised), "rendezvous_error", RESTART)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        BACKTRACE,
+        "[rank1]:[E901 07:40:19.968570826 ProcessGroupNCCL.cpp:1300] [PG ID 0 PG GUID 0 Rank 1] "
+        "Heartbeat monitor saw an error\n" + BACKTRACE,
+        # a gap between the warning and the backtrace: nothing says whose it is
+        "[rank1]:[W901 07:40:19.968570826 TCPStore.cpp:125] [c10d] recvValue failed on "
+        f"SocketImpl(fd=64): {STORE_ERROR}\n[rank2]: loading shard 3 of 8\n" + BACKTRACE,
+    ],
+    ids=["alone", "after an error-level line", "after a gap"],
+)
+def test_a_backtrace_no_warning_carries_still_escalates(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    assert_family_verdict(
+        verdict_of(pack, tmp_path, STEPS, text), "unexplained_traceback", ESCALATE
+    )
