@@ -2,6 +2,10 @@
 # `serve` listens on 0.0.0.0 here, so it refuses to start until an API token exists:
 # `docker run ... IMAGE token create --role admin` against the same database (docs/security.md).
 FROM python:3.11-slim AS build
+# A C compiler for the miner's mypyc extensions (setup.py); only this stage needs it.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY diagnoser ./diagnoser

@@ -22,7 +22,14 @@ if [ "${1:-}" = "--dev" ]; then
   extras="[dev]"
   stamp=.venv/.installed-dev
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# The miner's compiled extensions (setup.py) must match their sources: a pull that changed one
+# compiles it again (`diagnoser.native` would otherwise run the .py files, with a warning).
+native_current() {
+  .venv/bin/python -c 'import sys; from diagnoser.native import stale_modules as s; sys.exit(bool(s()))' \
+    2>/dev/null
+}
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+  || ! native_current; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -e ".$extras"
   if [ -n "$extras" ]; then

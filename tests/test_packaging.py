@@ -6,6 +6,7 @@ and the image's healthcheck command is run here against a real service.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -24,6 +25,7 @@ import httpx
 import pytest
 import yaml
 
+from diagnoser.native import NATIVE_MODULES
 from tests.servers import ServiceProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -248,7 +250,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if not (ROOT / name).exists():
             continue
         if (ROOT / name).is_dir():
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "native-build.json")
             shutil.copytree(ROOT / name, source / name, ignore=ignore)
         else:
             shutil.copy2(ROOT / name, source / name)
@@ -272,6 +274,17 @@ def test_the_wheel_carries_the_rule_pack(wheel: Path) -> None:
     prompts = {p.name for p in (ROOT / "prompts").glob("*.j2")}
     assert prompts
     assert {f"diagnoser/llm/prompts/{name}" for name in prompts} <= names
+
+
+def test_the_wheel_carries_the_compiled_miner_and_the_record_of_its_sources(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        record = json.loads(archive.read("diagnoser/native-build.json"))
+    for module in NATIVE_MODULES:
+        path = module.replace(".", "/")
+        assert any(n.startswith(f"{path}.") and n.endswith(".so") for n in names), module
+        assert f"{path}.py" in names  # the source ships too: the fallback, and for tracebacks
+        assert record[module] == hashlib.sha256((ROOT / f"{path}.py").read_bytes()).hexdigest()
 
 
 def test_an_installed_wheel_finds_its_rule_pack_outside_a_checkout(
@@ -311,3 +324,10 @@ def test_an_installed_wheel_finds_its_rule_pack_outside_a_checkout(
     assert check.returncode == 0, check.stderr
     packaged = Path(site) / "diagnoser" / "rules" / "pack"
     assert f"rules in {packaged}" in check.stderr
+
+    native = subprocess.run(
+        [str(python), "-c", "from diagnoser.native import compiled; print(compiled())"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert native.stdout.strip() == str(dict.fromkeys(NATIVE_MODULES, True)), native.stderr
+    assert not native.stderr  # no warning: the record vouches for every extension
