@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 from diagnoser.templates.model import Slot
 
-_ALNUM = "A-Za-z0-9"
-_START = rf"(?<![{_ALNUM}])"
-_END = rf"(?![{_ALNUM}])"
-_HEXC = "0-9a-fA-F"
-_UNITS = "(?:ns|us|µs|ms|s|sec|secs|min|mins|h|hr|hrs)"
-_NUMBER_START = "(?:(?<=-)[0-9])?(?<=[0-9])[0-9]*+"
+_ALNUM: Final = "A-Za-z0-9"
+_START: Final = rf"(?<![{_ALNUM}])"
+_END: Final = rf"(?![{_ALNUM}])"
+_HEXC: Final = "0-9a-fA-F"
+_UNITS: Final = "(?:ns|us|µs|ms|s|sec|secs|min|mins|h|hr|hrs)"
+_NUMBER_START: Final = "(?:(?<=-)[0-9])?(?<=[0-9])[0-9]*+"
 """After a first character `[-0-9]`: the rest of `-?[0-9]+`."""
 
 # (slot, first character, rest). Order is priority: at each position the first alternative
@@ -36,7 +37,7 @@ _NUMBER_START = "(?:(?<=-)[0-9])?(?<=[0-9])[0-9]*+"
 # A run is possessive (`*+`, `++`) wherever what may follow it cannot start with what it
 # holds, so giving characters back could never let the alternative match: `re` then fails an
 # alternative without retrying it at every shorter length, and matches the same.
-_PATTERNS: tuple[tuple[Slot, str, str], ...] = (
+_PATTERNS: Final[tuple[tuple[Slot, str, str], ...]] = (
     (Slot.UUID, f"[{_HEXC}]", rf"[{_HEXC}]*+(?:-[{_HEXC}]++){{4}}{_END}"),
     (
         Slot.PATH,
@@ -73,7 +74,7 @@ _PATTERNS: tuple[tuple[Slot, str, str], ...] = (
     ),
     (Slot.ANY, f"[{_ALNUM}]", rf"(?:(?<=[0-9])|[A-Za-z]*+[0-9])[{_ALNUM}]*+{_END}"),
 )
-PLAIN_PATTERNS: tuple[tuple[Slot, str], ...] = (
+PLAIN_PATTERNS: Final[tuple[tuple[Slot, str], ...]] = (
     (Slot.UUID, rf"{_START}[{_HEXC}]+(?:-[{_HEXC}]+){{4}}{_END}"),
     (
         Slot.PATH,
@@ -96,8 +97,8 @@ PLAIN_PATTERNS: tuple[tuple[Slot, str], ...] = (
 )
 """The masking patterns as a reader would write them (ASCII mode): `VARIABLE` finds exactly
 what their alternation finds, in about 60 % of the time (tests/templates/test_masking.py)."""
-_GROUPS = tuple(f"s{i}" for i in range(len(_PATTERNS)))
-VARIABLE = re.compile(
+_GROUPS: Final = tuple(f"s{i}" for i in range(len(_PATTERNS)))
+VARIABLE: Final = re.compile(
     _START
     + "(?:"
     + "|".join(
@@ -108,26 +109,26 @@ VARIABLE = re.compile(
 )
 """Every variable part; `lastgroup` names the alternative (see `slot_of_group`)."""
 
-_SLOT_OF_GROUP = {g: slot for g, (slot, _, _) in zip(_GROUPS, _PATTERNS, strict=True)}
-_WHITESPACE = re.compile(r"\s+")
-_WORD = re.compile(r"(?:[^\s\[]+|\[[^\[\]\n]{0,200}\]|\[)+")
-_SPLIT_WORDS = re.compile(f"({_WORD.pattern})")
+_SLOT_OF_GROUP: Final = {g: slot for g, (slot, _, _) in zip(_GROUPS, _PATTERNS, strict=True)}
+_WHITESPACE: Final = re.compile(r"\s+")
+_WORD: Final = re.compile(r"(?:[^\s\[]+|\[[^\[\]\n]{0,200}\]|\[)+")
+_SPLIT_WORDS: Final = re.compile(f"({_WORD.pattern})")
 """Splits a line into whitespace, word, whitespace, ..., whitespace."""
-_SPLIT = re.compile(rf"(\s+|{VARIABLE.pattern})")
+_SPLIT: Final = re.compile(rf"(\s+|{VARIABLE.pattern})")
 
-SENTINEL: dict[Slot, str] = {slot: chr(0xE000 + i) for i, slot in enumerate(Slot)}
+SENTINEL: Final[dict[Slot, str]] = {slot: chr(0xE000 + i) for i, slot in enumerate(Slot)}
 """The private-use character that stands for each slot in a masked line (see `mask_word`)."""
-SLOT_OF_SENTINEL: dict[str, Slot] = {c: slot for slot, c in SENTINEL.items()}
-_SENTINEL_OF_GROUP = {g: SENTINEL[slot] for g, slot in _SLOT_OF_GROUP.items()}
+SLOT_OF_SENTINEL: Final[dict[str, Slot]] = {c: slot for slot, c in SENTINEL.items()}
+_SENTINEL_OF_GROUP: Final = {g: SENTINEL[slot] for g, slot in _SLOT_OF_GROUP.items()}
 # Sentinels, NUL and lone surrogates: none may reach a template (JSON, PostgreSQL, regexes).
-_SCRUB = str.maketrans(
+_SCRUB: Final = str.maketrans(
     dict.fromkeys([*SENTINEL.values(), "\x00", *map(chr, range(0xD800, 0xE000))], "\ufffd")
 )
-_RENDER = str.maketrans({c: f"<{slot.value}>" for slot, c in SENTINEL.items()})
-_INT = SENTINEL[Slot.INT]
-_SKELETON = bytes.maketrans(b"123456789", b"111111111")
-_ZERO = bytes.maketrans(b"0", b"1")
-_DIGITS = bytes.maketrans(b"0123456789", b"1111111111")
+_RENDER: Final = str.maketrans({c: f"<{slot.value}>" for slot, c in SENTINEL.items()})
+_INT: Final = SENTINEL[Slot.INT]
+_SKELETON: Final = bytes.maketrans(b"123456789", b"111111111")
+_ZERO: Final = bytes.maketrans(b"0", b"1")
+_DIGITS: Final = bytes.maketrans(b"0123456789", b"1111111111")
 
 
 def slot_of_group(group: str | None) -> Slot:
@@ -194,7 +195,7 @@ def mask_word(word: str) -> str:
     return VARIABLE.sub(_sentinel, word)
 
 
-_MAYBE_VARIABLE = re.compile(
+_MAYBE_VARIABLE: Final = re.compile(
     r"[0-9/\\]|Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec|Mon|Tue|Wed|Thu|Fri|Sat|Sun"
 )
 """What every variable part holds but a UUID: a digit, a path separator or a month or weekday
@@ -264,8 +265,8 @@ def words(line: str) -> list[str]:
     return _WORD.findall(line)
 
 
-_WORD_BYTES = re.compile(rb"(?:[^\s\[]+|\[[^\[\]\n]{0,200}\]|\[)+")
-_ODD_SPACE = re.compile(rb"[\x1c-\x1f]")
+_WORD_BYTES: Final = re.compile(rb"(?:[^\s\[]+|\[[^\[\]\n]{0,200}\]|\[)+")
+_ODD_SPACE: Final = re.compile(rb"[\x1c-\x1f]")
 """ASCII characters `str.split` and `re`'s `\\s` take as whitespace, but bytes patterns do not."""
 
 
@@ -286,9 +287,9 @@ def coarse_words(coarse: bytes, line: str) -> list[bytes] | None:
     return split_fields(coarse)
 
 
-_FIELD_BYTES = re.compile(rb"\[[^\[\]\n]{0,200}\]")
-_HIDE = bytes.maketrans(b" \t\r\x0b\x0c", b"\x80\x81\x82\x83\x84")
-_SHOW = bytes.maketrans(b"\x80\x81\x82\x83\x84", b" \t\r\x0b\x0c")
+_FIELD_BYTES: Final = re.compile(rb"\[[^\[\]\n]{0,200}\]")
+_HIDE: Final = bytes.maketrans(b" \t\r\x0b\x0c", b"\x80\x81\x82\x83\x84")
+_SHOW: Final = bytes.maketrans(b"\x80\x81\x82\x83\x84", b" \t\r\x0b\x0c")
 
 
 def _hide(m: re.Match[bytes]) -> bytes:
@@ -307,9 +308,9 @@ def split_fields(coarse: bytes) -> list[bytes]:
     return b"\n".join(found).translate(_SHOW).split(b"\n")
 
 
-_FIELD = 200
+_FIELD: Final = 200
 """The longest `[...]` field (`_WORD`) that stays one word."""
-_SPACED_FIELD = re.compile(rb"\[[^\[\]\s]*+\s[^\[\]\n]*+\]")
+_SPACED_FIELD: Final = re.compile(rb"\[[^\[\]\s]*+\s[^\[\]\n]*+\]")
 """A `[...]` field with whitespace inside (of any length): without one, `_WORD` finds the words
 `split` does (a field with no whitespace lies inside one of them), and `split` is many times
 faster."""

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from diagnoser.templates.masking import (
     SENTINEL,
@@ -45,28 +45,31 @@ from diagnoser.templates.model import Slot, TemplateView
 _W = TypeVar("_W", str, bytes)
 """A word as a line holds it (str) or as the coarse skeleton holds it (bytes)."""
 
-_ANY = SENTINEL[Slot.ANY]
-_FINE = bytes.maketrans(b"123456789", b"111111111")
+_ANY: Final = SENTINEL[Slot.ANY]
+_FINE: Final = bytes.maketrans(b"123456789", b"111111111")
 """`masking.skeleton`, inlined in `add`."""
-_ZERO = bytes.maketrans(b"0", b"1")
-_SENTINELS = frozenset(SENTINEL.values())
-_SLOTS = re.compile("[" + "".join(SENTINEL.values()) + "]")
+_ZERO: Final = bytes.maketrans(b"0", b"1")
+_SENTINELS: Final = frozenset(SENTINEL.values())
+_SLOTS: Final = re.compile("[" + "".join(SENTINEL.values()) + "]")
 """Any sentinel. `str.translate` with a dict costs a raised KeyError per character of a
 non-ASCII string (every masked word with a slot): a `sub` of this is ten times cheaper."""
 
-CONST, VAR, WILD, WORD = 0, 1, 2, 3
+CONST: Final = 0
+VAR: Final = 1
+WILD: Final = 2
+WORD: Final = 3
 """Word kinds: text that names the event; slots and punctuation only; a position merged to `<*>`;
 a plain word (letters with surrounding punctuation), which only `siblings` lines can widen."""
-_PUNCT = "()[]{}\"'<>,.;:!?"
-_UNITS = frozenset(("B", "KB", "MB", "GB", "TB", "PB", "KiB", "MiB", "GiB", "TiB", "PiB"))
+_PUNCT: Final = "()[]{}\"'<>,.;:!?"
+_UNITS: Final = frozenset(("B", "KB", "MB", "GB", "TB", "PB", "KiB", "MiB", "GiB", "TiB", "PiB"))
 """A size unit after a number varies with it (`3.2 KB`, `1.1 MB`): a slot, not text."""
 
-_bucket_order = attrgetter("seq")
-_TEXT = (CONST, WORD)
-STATE_VERSION = 1
-_MAX_ALIASES = 1000
+_bucket_order: Final = attrgetter("seq")
+_TEXT: Final = (CONST, WORD)
+STATE_VERSION: Final = 1
+_MAX_ALIASES: Final = 1000
 """Per template: how many ids merged into it keep resolving to it."""
-_MAX_SIBLING_WORDS = 64
+_MAX_SIBLING_WORDS: Final = 64
 """Longer templates skip the sibling index, whose cost grows with the square of the length."""
 
 
@@ -120,7 +123,7 @@ def _shape(word: str) -> tuple[str, int]:
     return generic, CONST if text else VAR
 
 
-LEADER = "...."
+LEADER: Final = "...."
 """A dot leader: a word of four or more dots between a name and its value, as argument and
 config dumps print them (`  lr ........ 0.0001`). Every leader is written as this one word, so
 a dump's lines differ only in their name and value."""
@@ -139,7 +142,7 @@ def _key_value(words: list[str]) -> None:
                 words[last] = _ANY
 
 
-_JSON_KEY = '"' + _ANY + '":'
+_JSON_KEY: Final = '"' + _ANY + '":'
 
 
 def _json_pair(words: list[str]) -> None:
@@ -272,9 +275,14 @@ class _Template:
 def _similarity(t: _Template, generic: list[str], kinds: list[int]) -> float:
     match = 0
     total = 0.0
-    for a, k, b, lk in zip(t.generic, t.kinds, generic, kinds, strict=True):
+    mine, my_kinds = t.generic, t.kinds
+    if len(mine) != len(generic) or len(kinds) != len(generic):
+        raise ValueError("a line is compared only with templates of its word count")
+    for i in range(len(mine)):  # indexes, not zip: the compiled miner reads lists natively
+        k = my_kinds[i]
         if k == WILD:
             continue
+        a, b, lk = mine[i], generic[i], kinds[i]
         if a == b:
             if k != VAR:
                 match += 1
@@ -455,18 +463,16 @@ class TemplateMiner:
         self, found: list[_W], cache: dict[_W, str], mask: Callable[[_W], str]
     ) -> list[str]:
         """Each word's masked form, from `cache` (cleared when full) or `mask`."""
-        words: list[str | None] = list(map(cache.get, found))
-        if None in words:
-            limit = self.config.cache_entries
-            for j, known in enumerate(words):
-                if known is None:
-                    word = found[j]
-                    masked = mask(word)
-                    if len(cache) >= limit:
-                        cache.clear()
-                    cache[word] = masked
-                    words[j] = masked
-        return words  # type: ignore[return-value]  # no None left
+        words: list[str] = []
+        for word in found:
+            masked = cache.get(word)
+            if masked is None:
+                masked = mask(word)
+                if len(cache) >= self.config.cache_entries:
+                    cache.clear()
+                cache[word] = masked
+            words.append(masked)
+        return words
 
     def _shape(self, word: str) -> tuple[str, int]:
         (generic,), (kind,) = self._shapes_of([word])
@@ -475,19 +481,26 @@ class TemplateMiner:
     def _shapes_of(self, words: list[str]) -> tuple[list[str], list[int]]:
         """The words' generic forms and kinds (two new lists), computed for new words only."""
         cache = self._kinds
-        kinds: list[int | None] = list(map(cache.get, words))
-        if None in kinds:
-            generic_of = self._generic
-            if len(cache) + len(words) > self.config.cache_entries:
-                cache.clear()
-                generic_of.clear()
-                kinds = [None] * len(words)
-            for j, kind in enumerate(kinds):
-                if kind is None:
-                    word = words[j]
-                    generic_of[word], kinds[j] = _shape(word)
-                    cache[word] = kinds[j]  # type: ignore[assignment]
-        return list(map(self._generic.__getitem__, words)), kinds  # type: ignore[return-value]
+        generic_of = self._generic
+        if len(cache) + len(words) > self.config.cache_entries:
+            for word in words:
+                if word not in cache:
+                    cache.clear()
+                    generic_of.clear()
+                    break
+        generic: list[str] = []
+        kinds: list[int] = []
+        for word in words:
+            kind = cache.get(word)
+            if kind is None:
+                shape, kind = _shape(word)
+                generic_of[word] = shape
+                cache[word] = kind
+                generic.append(shape)
+            else:
+                generic.append(generic_of[word])
+            kinds.append(kind)
+        return generic, kinds
 
     def _learn(self, line: str, words: list[str], key: str) -> _Template:
         """`key` is `" ".join(words)`, which the caller has made."""
