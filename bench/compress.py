@@ -41,6 +41,7 @@ from pathlib import Path
 from drain3 import TemplateMiner as Drain3Miner
 from drain3.template_miner_config import TemplateMinerConfig
 
+from diagnoser.native import compiled
 from diagnoser.templates.grouping import LOGHUB_DATASETS, LoghubSample, grouping_accuracy
 from diagnoser.templates.grouping import load_loghub as load_sample
 from diagnoser.templates.miner import TemplateMiner
@@ -216,6 +217,11 @@ def main() -> None:
         f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.1f}; Loghub-2k from {args.loghub}"
     )
+    native = compiled()
+    build = "compiled by mypyc" if all(native.values()) else "pure Python"
+    if any(native.values()) and not all(native.values()):
+        build = f"partly compiled {native}"
+    print(f"miner: {build} (diagnoser.native; DIAGNOSER_PURE_PYTHON=1 runs the .py files)")
     legacy = [s.name for s in samples if not s.corrected]
     print(f"ground truth: Loghub-2.0 corrected templates; original Loghub for {legacy}\n")
     print_accuracy([measure(s) for s in samples])
