@@ -16,6 +16,7 @@ from diagnoser.ingest.framing import LineBatch
 from diagnoser.rules.assembly import (
     Assembler,
     Block,
+    ChildFailedAssembler,
     TracebackAssembler,
     Verdict,
     cpp_backtrace_line,
@@ -134,8 +135,13 @@ class JobScanner:
         came, other output buried it): its lines are no unit's evidence any more, so the
         fallback line rules read them, frames first (they say where), the header last (a
         header nothing followed still says that something raised), and the first that speaks
-        is kept. A log cut after `Traceback (most recent call last):` is not a healthy log."""
-        if not isinstance(assembler, TracebackAssembler) or assembler.exception is not None:
+        is kept. A log cut after `Traceback (most recent call last):` is not a healthy log.
+        The same holds for a `ChildFailedError` header whose "Root Cause" section never came:
+        the lines it took in, then the header itself."""
+        if isinstance(assembler, TracebackAssembler):
+            if assembler.exception is not None:
+                return []
+        elif not isinstance(assembler, ChildFailedAssembler) or assembler.fields:
             return []
         for line in (*assembler.lines[1:], *assembler.lines[:1]):
             events = self._line_events(
@@ -188,7 +194,7 @@ class JobScanner:
                 del blocks[rank]
                 if verdict is not Verdict.ABANDON:
                     closed = assembler.finish()
-                else:
+                if closed is None:
                     out.extend(self._orphaned(assembler, node, rank, now))
             if closed is not None and verdict is Verdict.CLOSE_WITHOUT:
                 out.extend(self._block_events(closed, node, rank, now))
@@ -204,11 +210,16 @@ class JobScanner:
 
         # A line an open multi-line unit took in (a traceback's frame) is that unit's
         # evidence: catch-all line rules stay out of it. So is the header that opens a
-        # traceback: if the traceback is never completed, `_orphaned` gives it back to them.
-        opens_traceback = verdict is not Verdict.CONTINUE and bool(
-            mask & self.ruleset.trigger_bits[Unit.TRACEBACK]
+        # traceback or a ChildFailedError report: if the unit is never completed, `_orphaned`
+        # gives it back to them.
+        opens_unit = verdict is not Verdict.CONTINUE and bool(
+            mask
+            & (
+                self.ruleset.trigger_bits[Unit.TRACEBACK]
+                | self.ruleset.trigger_bits[Unit.CHILD_FAILED]
+            )
         )
-        inside = verdict is Verdict.CONTINUE or opens_traceback
+        inside = verdict is Verdict.CONTINUE or opens_unit
         if (
             not inside
             and mask & self._fallback_line_mask
