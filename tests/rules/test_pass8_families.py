@@ -1,0 +1,131 @@
+"""Never silent, pass 8 (issue 11): failure reports in the spellings of the code that prints
+them, across launchers, schedulers, native runtimes, GPU libraries and loss scalers.
+
+Each failing line is synthetic, written from the format string of its upstream source (named
+next to the pattern in rules/escalation.yaml and rules/training.yaml) and printed after a few
+healthy training steps: the job must not end healthy, must escalate (or do what its family
+does) and must name that line. Each healthy line is the harmless neighbour of a failing one
+(an exit code of 0, a scaler that is still well above its floor, a retry, a warning): it must
+stay silent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diagnoser.diagnosis.correlate import Status, Verdict
+from diagnoser.rules import Action, RuleSet
+from tests.rules.families import assert_healthy, verdict_of
+
+STEPS = "".join(
+    f"{{'loss': {2.4 - i / 10:.4f}, 'grad_norm': 0.81, 'learning_rate': 1.9e-05, "
+    f"'epoch': 0.0{i}}}\n"
+    for i in range(1, 4)
+)
+
+
+def assert_escalates_naming(verdict: Verdict, line: str) -> None:
+    assert verdict.status is Status.INCONCLUSIVE, (verdict.failure_type, verdict.action)
+    assert verdict.action is Action.ESCALATE
+    assert verdict.root is not None
+    assert verdict.root.text.strip() in line
+
+
+LAUNCHER_EXITS = {
+    # srun's task-exit report names the signal by its strsignal() text (src/srun/launch.c).
+    "srun fpe": "srun: error: gpu-node-17: task 3: Floating point exception (core dumped)",
+    "srun usr1": "srun: error: gpu-node-04: tasks 0-7: User defined signal 1",
+    # Open MPI / PRRTE help texts (help-orterun.txt, help-prterun.txt, help-mpi-api.txt).
+    "horovod's mpirun wrapper": "mpirun.real detected that one or more processes exited with "
+    "non-zero status, thus causing",
+    "split exit report, second half": "a non-zero exit code. Per user-direction, the job has "
+    "been aborted.",
+    "improper exit": "mpirun has exited due to process rank 3 with PID 0 on",
+    "improper exit, second line": "node gpu-node-3 exiting improperly. There are three reasons "
+    "this could occur:",
+    "prterun abort": "prterun has exited due to process rank 2 with PID 4242 on node gpu-node-3 "
+    'calling "abort". This may have caused other processes in the application to be',
+    "mpi_abort banner": "MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD",
+    # kubectl's STATUS column (pkg/printers/internalversion/printers.go).
+    "kubectl cannot run": "train-worker-1   0/1     ContainerCannotRun   0             10m",
+    "kubectl run error": "train-worker-1   0/1     RunContainerError    2 (30s ago)   10m",
+    "kubectl exit code": "train-worker-1   0/1     ExitCode:1           0             10m",
+    "kubectl signal": "train-worker-1   0/1     Signal:6             0             10m",
+    "kubectl init exit code": "train-launcher-0   0/1     Init:ExitCode:2   0          10m",
+    # The same state in `kubectl get pod -o yaml / -o json` (ContainerStateTerminated).
+    "pod yaml exit code": "        exitCode: 1",
+    "pod json exit code": '            "exitCode": 2,',
+    "pod yaml reason": "        reason: Error",
+    # The Job controller's failed conditions and the Kubeflow training operator.
+    "job backoff limit": "  Warning  BackoffLimitExceeded  1m  job-controller  Job has reached "
+    "the specified backoff limit",
+    "job deadline": "  Warning  DeadlineExceeded  1m  job-controller  Job was active longer than "
+    "specified deadline",
+    "training operator": "  Normal   PyTorchJobFailed  1m  pytorchjob-controller  PyTorchJob "
+    "default/llama has failed because 1 Worker replica(s) failed.",
+    # GNU time (time.c).
+    "gnu time": "Command exited with non-zero status 1",
+    # torch elastic's ChildFailedError header with its report cut off.
+    "cut elastic report": "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    "============================================================",
+}
+
+LAUNCHER_HEALTHY = {
+    "kubectl exit code 0": "train-worker-1   0/1     ExitCode:0           0             10m",
+    "kubectl init running": "train-worker-1   0/2     Init:0/2             0             10m",
+    "kubectl completed": "train-worker-1   0/1     Completed            0             10m",
+    "pod yaml exit code 0": "        exitCode: 0",
+    "pod yaml completed": "        reason: Completed",
+    "pod condition": "    reason: PodCompleted",
+    "operator restarting": "  Warning  PyTorchJobRestarting  7m  pytorchjob-controller  PyTorchJob "
+    "pt-job-1 is restarting because 1 Master replica(s) failed.",
+    "operator continues": "TFJob default/mnist continues regardless 1 Worker replica(s) failed as "
+    "enableDynamicWorker is set true.",
+    "job succeeded": "  Normal   Completed  1m  job-controller  Job completed",
+    "gnu time verbose ok": "\tExit status: 0",
+    "mpirun command line": "mpirun --allow-run-as-root -np 16 -H gpu-a:8,gpu-b:8 -x "
+    "NCCL_DEBUG=INFO python train.py",
+    "srun retry": "srun: Job 4412 step creation temporarily disabled, retrying (Requested nodes "
+    "are busy)",
+}
+
+
+@pytest.mark.parametrize("text", LAUNCHER_EXITS.values(), ids=list(LAUNCHER_EXITS))
+def test_a_launcher_or_scheduler_reporting_a_failed_process_escalates(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, text), text)
+
+
+@pytest.mark.parametrize("text", LAUNCHER_HEALTHY.values(), ids=list(LAUNCHER_HEALTHY))
+def test_a_launcher_reporting_success_or_a_retry_stays_silent(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
+
+
+def test_a_complete_elastic_report_is_read_by_its_root_cause_not_its_header(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    report = "\n".join(
+        [
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+            "============================================================",
+            "train.py FAILED",
+            "------------------------------------------------------------",
+            "Root Cause (first observed failure):",
+            "[0]:",
+            "  time      : 2026-02-18_10:00:00",
+            "  host      : worker-3",
+            "  rank      : 11 (local_rank: 3)",
+            "  exitcode  : 1 (pid: 5277)",
+            "  error_file: <N/A>",
+            "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+            "============================================================",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, report)
+    assert (verdict.failure_type, verdict.action) == ("worker_process_failed", Action.ESCALATE)
+    assert [e.rule_id for e in verdict.evidence] == ["torchrun_root_cause_failed"]
