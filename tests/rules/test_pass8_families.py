@@ -129,3 +129,58 @@ def test_a_complete_elastic_report_is_read_by_its_root_cause_not_its_header(
     verdict = verdict_of(pack, tmp_path, STEPS, report)
     assert (verdict.failure_type, verdict.action) == ("worker_process_failed", Action.ESCALATE)
     assert [e.rule_id for e in verdict.evidence] == ["torchrun_root_cause_failed"]
+
+
+NATIVE_FATAL = {
+    # Abseil's failure signal handler (JAX, XLA, TensorFlow, Ray).
+    "absl signal": "*** SIGSEGV received at time=1700000000 on cpu 12 ***",
+    "absl signal, older": "*** SIGABRT received at time=1700000000 ***",
+    "absl signal number": "*** Signal 7 received at time=1700000000 on cpu 3 ***",
+    "absl signal in a ray worker": "(RayWorkerWrapper pid=233, ip=10.20.1.125) *** SIGBUS received "
+    "at time=1762945937 on cpu 6 ***",
+    # glibc's malloc_printerr() and __fortify_fail().
+    "smallbin": "malloc(): smallbin double linked list corrupted",
+    "largebin": "malloc(): largebin double linked list corrupted (bk)",
+    "mismatching": "malloc(): mismatching next->prev_size (unsorted)",
+    "tcache count": "free(): too many chunks detected in tcache",
+    "stack protector": "*** stack smashing detected ***: terminated",
+    "fortify, older glibc": "*** buffer overflow detected ***: /usr/bin/python3 terminated",
+    "libSegFault": "*** Segmentation fault",
+    # CPython: subprocess.CalledProcessError's text for a signal, faulthandler's crash dump.
+    "subprocess signal": "ERROR: Command '['/usr/bin/python', '-u', 'train.py']' died with "
+    "<Signals.SIGABRT: 6>.",
+    "subprocess unknown signal": "Command '['python', 'train.py']' died with unknown signal 70.",
+    "faulthandler current thread": "Current thread 0x00007f1c2a3fe700 (most recent call first):\n"
+    '  File "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1501 in '
+    "_call_impl",
+    # backward-cpp's crash report; GNU time and bash reporting a signal.
+    "backward-cpp": "Segmentation fault (Address not mapped to object [0x10])",
+    "gnu time signal": "Command terminated by signal 6",
+    "bash sigterm": "/var/spool/slurmd/job77/slurm_script: line 12: 40511 Terminated"
+    "              python train.py",
+}
+
+NATIVE_HEALTHY = {
+    "faulthandler periodic dump": "Timeout (0:05:00)!\nThread 0x00007f1c2a3fe700 (most recent "
+    'call first):\n  File "/opt/conda/lib/python3.10/threading.py", line 320 in wait',
+    "stack protector flag": "stack smashing protection enabled (-fstack-protector-strong)",
+    "allocator notice": "malloc(): using jemalloc as allocator",
+    "signal handler setup": "Signal handlers installed: SIGSEGV, SIGBUS, SIGABRT will print a "
+    "stack trace",
+    "preemption handler": "Installing SIGTERM handler to checkpoint on preemption",
+    "subprocess ok": "Command '['nvidia-smi', '-L']' returned 0",
+}
+
+
+@pytest.mark.parametrize("text", NATIVE_FATAL.values(), ids=list(NATIVE_FATAL))
+def test_a_native_crash_or_abort_report_escalates(pack: RuleSet, tmp_path: Path, text: str) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert_escalates_naming(verdict, text)
+    assert verdict.failure_type in {"fatal_signal", "segfault"}
+
+
+@pytest.mark.parametrize("text", NATIVE_HEALTHY.values(), ids=list(NATIVE_HEALTHY))
+def test_signal_handling_talk_and_periodic_dumps_stay_silent(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
