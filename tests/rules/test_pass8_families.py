@@ -184,3 +184,60 @@ def test_signal_handling_talk_and_periodic_dumps_stay_silent(
     pack: RuleSet, tmp_path: Path, text: str
 ) -> None:
     assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
+
+
+GPU_FAULTS = {
+    # Triton's launcher; PyTorch's driver-API check; rocBLAS and MIOpen; nvidia-smi.
+    "triton cuda": "RuntimeError: Triton Error [CUDA]: unspecified launch failure",
+    "triton cuda, alone": "Triton Error [CUDA]: an illegal instruction was encountered",
+    "triton hip": "Triton Error [HIP]: invalid device function",
+    "cuda driver api": "torch.AcceleratorError: CUDA driver error: unspecified launch failure",
+    "rocblas": "rocBLAS error: Could not initialize Tensile host: No devices found",
+    "miopen": "MIOpen Error: /MIOpen/src/ocl/convolutionocl.cpp:835: No suitable algorithm was "
+    "found to execute the required convolution",
+    "miopen logger": "MIOpen(HIP): Error [Compile] 'hiprtcCompileProgram(prog.get(), "
+    "c_options.size(), c_options.data())' naive_conv.cpp: HIPRTC_ERROR_COMPILATION (6)",
+    "nvidia-smi": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running.",
+    # XLA's PJRT client: a program that failed on the device, its Python exception cut off.
+    "pjrt internal": "E0101 10:00:00.123456 4242 pjrt_stream_executor_client.cc:2809] Execution "
+    "of replica 3 failed: INTERNAL: Failed to complete all kernels launched on stream",
+    "pjrt data loss": "2024-01-01 10:00:00.123456: E external/xla/xla/pjrt/"
+    "pjrt_stream_executor_client.cc:2716] Execution of replica 0 failed: DATA_LOSS: Detected "
+    "corrupted buffer",
+}
+
+GPU_HEALTHY = {
+    "non-fatal driver error": "Workspace reinit failed (non-fatal): CUDA driver error: device not "
+    "ready",
+    "miopen warning": "MIOpen(HIP): Warning [SQLiteBase] Missing system database file: "
+    "gfx90a68.kdb Performance may degrade.",
+    "rocblas warning": "rocBLAS warning: hipBlasLT failed, falling back to tensile.",
+    "xla ptxas fallback": "2024-01-01 10:00:00.123456: W external/xla/xla/service/gpu/"
+    "nvptx_compiler.cc:679] INTERNAL: ptxas exited with non-zero error code 65280, output: \n"
+    "Relying on driver to perform ptx compilation.",
+    "pjrt timing": "I0101 10:00:00.123456 4242 pjrt_stream_executor_client.cc:2809] Execution of "
+    "replica 0 took 12ms",
+}
+
+
+@pytest.mark.parametrize("text", GPU_FAULTS.values(), ids=list(GPU_FAULTS))
+def test_a_gpu_library_or_device_program_failure_escalates(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert_escalates_naming(verdict, text)
+    assert verdict.failure_type in {"gpu_fault", "xla_execution_failed"}
+
+
+@pytest.mark.parametrize("text", GPU_HEALTHY.values(), ids=list(GPU_HEALTHY))
+def test_gpu_library_warnings_and_fallbacks_stay_silent(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
+
+
+def test_a_triton_illegal_access_keeps_its_specific_reading(pack: RuleSet, tmp_path: Path) -> None:
+    text = "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered"
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert (verdict.failure_type, verdict.action) == ("illegal_memory_access", Action.NOTIFY_USER)
