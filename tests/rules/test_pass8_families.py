@@ -241,3 +241,58 @@ def test_a_triton_illegal_access_keeps_its_specific_reading(pack: RuleSet, tmp_p
     text = "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered"
     verdict = verdict_of(pack, tmp_path, STEPS, text)
     assert (verdict.failure_type, verdict.action) == ("illegal_memory_access", Action.NOTIFY_USER)
+
+
+LOSS_SCALE_FLOOR = {
+    # fairseq's AMP optimizer (the word "to" doubled in its source), ParlAI's fairseq-derived
+    # optimizer, fairseq2's scaler at its floor: notify, as the other scalers' floors do.
+    "fairseq amp": "2023-06-13 17:37:40 | INFO | fairseq.optim.amp_optimizer | AMP: overflow "
+    "detected, setting scale to to 0.5",
+    "fairseq amp minimum": "FloatingPointError: AMP: Minimum loss scale reached (0.0001). Your "
+    "loss is probably exploding. Try restarting training or use fp32. 5e-05",
+    "parlai": "2023-06-13 17:37:40 | INFO | Overflow: setting loss scale to 0.25",
+    "fairseq2 at minimum": "Overflow detected at step 1200, ignoring gradient, loss scale is "
+    "already at minimum (0.0001). Your loss is probably exploding.",
+    "fairseq2 reaching minimum": "Overflow detected at step 1200, ignoring gradient, decreasing "
+    "loss scale from 0.0002 to 0.0001 (minimum). Your loss is probably exploding.",
+}
+
+LOSS_SCALE_HEALTHY = {
+    "fairseq amp high": "2023-06-13 17:37:40 | INFO | fairseq.optim.amp_optimizer | AMP: overflow "
+    "detected, setting scale to to 64.0",
+    "parlai high": "2023-06-13 17:37:40 | INFO | Overflow: setting loss scale to 1024.0",
+    "fairseq2 decreasing": "Overflow detected at step 1200, ignoring gradient, decreasing loss "
+    "scale from 128 to 64.",
+    "fairseq2 increasing": "No overflow detected in the last 2000 step(s) after step 4000, "
+    "increasing loss scale from 64 to 128.",
+    "deepspeed skip": "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 16, "
+    "reducing to 8",
+    "megatron bf16 progress": " iteration     1200/  500000 | lm loss: 2.41E+00 | loss scale: 1.0 "
+    "| grad norm: 0.412 | number of skipped iterations:   0 |",
+    "nan in a word": "Loading nanogpt checkpoint; loss fn: info_nce, dataset: infinity-instruct",
+}
+
+
+@pytest.mark.parametrize("text", LOSS_SCALE_FLOOR.values(), ids=list(LOSS_SCALE_FLOOR))
+def test_a_loss_scaler_at_its_floor_is_a_nan_loss(pack: RuleSet, tmp_path: Path, text: str) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert (verdict.failure_type, verdict.action) == ("nan_loss", Action.NOTIFY_USER)
+    assert verdict.root is not None
+    assert verdict.root.text.strip() in text
+
+
+def test_deepspeed_at_its_floor_once_escalates_and_twice_notifies(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    once = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 2, reducing to 1"
+    verdict = verdict_of(pack, tmp_path, STEPS, once)
+    assert_escalates_naming(verdict, once)
+    assert verdict.failure_type == "nan_loss"
+    twice = once + "\n" + once.replace("scale: 2,", "scale: 1,")
+    verdict = verdict_of(pack, tmp_path, STEPS, twice)
+    assert (verdict.failure_type, verdict.action) == ("nan_loss", Action.NOTIFY_USER)
+
+
+@pytest.mark.parametrize("text", LOSS_SCALE_HEALTHY.values(), ids=list(LOSS_SCALE_HEALTHY))
+def test_a_loss_scaler_doing_its_job_stays_silent(pack: RuleSet, tmp_path: Path, text: str) -> None:
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
