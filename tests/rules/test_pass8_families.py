@@ -61,8 +61,6 @@ LAUNCHER_EXITS = {
     # The Job controller's failed conditions and the Kubeflow training operator.
     "job backoff limit": "  Warning  BackoffLimitExceeded  1m  job-controller  Job has reached "
     "the specified backoff limit",
-    "job deadline": "  Warning  DeadlineExceeded  1m  job-controller  Job was active longer than "
-    "specified deadline",
     "training operator": "  Normal   PyTorchJobFailed  1m  pytorchjob-controller  PyTorchJob "
     "default/llama has failed because 1 Worker replica(s) failed.",
     # GNU time (time.c).
@@ -295,4 +293,31 @@ def test_deepspeed_at_its_floor_once_escalates_and_twice_notifies(
 
 @pytest.mark.parametrize("text", LOSS_SCALE_HEALTHY.values(), ids=list(LOSS_SCALE_HEALTHY))
 def test_a_loss_scaler_doing_its_job_stays_silent(pack: RuleSet, tmp_path: Path, text: str) -> None:
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
+
+
+TIME_LIMITS = {
+    "lsf run limit": "TERM_RUNLIMIT: job killed after reaching LSF run time limit.",
+    # Not a host OOM (memory.yaml reads PBS's memory kills), and not healthy either (it was a
+    # harmless neighbour in test_breadth_pass4 before): a job killed at its walltime.
+    "pbs walltime": "=>> PBS: job killed: walltime 3610 exceeded limit 3600",
+    "sacct timeout": "12345            train.sh   gpu    acct    64    TIMEOUT      0:0",
+    "scontrol timeout": "   JobState=TIMEOUT Reason=TimeLimit Dependency=(null)",
+    "kubernetes job deadline": "  Warning  DeadlineExceeded  1m  job-controller  Job was active "
+    "longer than specified deadline",
+}
+
+
+@pytest.mark.parametrize("text", TIME_LIMITS.values(), ids=list(TIME_LIMITS))
+def test_a_scheduler_ending_the_job_at_its_time_limit_notifies(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert (verdict.failure_type, verdict.action) == ("time_limit", Action.NOTIFY_USER)
+    assert verdict.root is not None
+    assert verdict.root.text.strip() in text
+
+
+def test_a_job_completed_in_sacct_stays_silent(pack: RuleSet, tmp_path: Path) -> None:
+    text = "12345            train.sh   gpu    acct    64  COMPLETED      0:0"
     assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
