@@ -321,3 +321,30 @@ def test_a_scheduler_ending_the_job_at_its_time_limit_notifies(
 def test_a_job_completed_in_sacct_stays_silent(pack: RuleSet, tmp_path: Path) -> None:
     text = "12345            train.sh   gpu    acct    64  COMPLETED      0:0"
     assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
+
+
+NAN_LOSS_SPELLINGS = {
+    # Composer's console logger (a metric path as the key) and Ignite's TerminateOnNan.
+    "composer": "[batch=3160/30518]:\n\t Train loss/train/total: nan",
+    "composer inf": "[batch=3160/30518]:\n\t Train loss/train/total: inf",
+    "ignite": "2024-01-01 10:00:00,000 ignite.handlers.terminate_on_nan.TerminateOnNan WARNING: "
+    "TerminateOnNan: Output '(tensor(nan, device='cuda:0'),)' contains NaN or Inf. Stop training",
+}
+
+
+@pytest.mark.parametrize("text", NAN_LOSS_SPELLINGS.values(), ids=list(NAN_LOSS_SPELLINGS))
+def test_a_non_finite_loss_in_more_loggers_words_is_a_nan_loss(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert (verdict.failure_type, verdict.action) == ("nan_loss", Action.NOTIFY_USER)
+    assert verdict.root is not None
+    assert verdict.root.text.strip() in text
+
+
+def test_a_finite_composer_loss_stays_silent(pack: RuleSet, tmp_path: Path) -> None:
+    text = (
+        "[batch=1/100]:\n\t Train LanguageCrossEntropy: 10.9736\n\t Train loss/train/total: "
+        "10.9736\n\t Train metrics/train/LanguagePerplexity: 58312.0586"
+    )
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
