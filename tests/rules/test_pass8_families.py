@@ -348,3 +348,64 @@ def test_a_finite_composer_loss_stays_silent(pack: RuleSet, tmp_path: Path) -> N
         "10.9736\n\t Train metrics/train/LanguagePerplexity: 58312.0586"
     )
     assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
+
+
+MORE_REPORTS = {
+    # The kubelet: a container it could not start, one it restarts for a failed probe.
+    "kubelet failed event": "  Warning  Failed     3s (x3 over 20s)  kubelet  Error: failed to "
+    'start container "trainer": Error response from daemon: failed to create task',
+    "kubectl get events": "3s          Warning   Failed      pod/train-0   Error: container "
+    "create failed: runc create failed",
+    "liveness restart": "  Normal   Killing    1m   kubelet  Container trainer failed liveness "
+    "probe, will be restarted",
+    # Slurm, LSF, PBS.
+    "stepd terminated": "slurmstepd: error: *** STEP 12345.0 STEPD TERMINATED ON gpu-node-3 AT "
+    "2024-05-01T10:22:01 DUE TO JOB NOT ENDING WITH SIGNALS ***",
+    "srun step timeout": "srun: error: Timed out waiting for job step to complete",
+    "sacct failed": "12345.0          python   gpu    acct     8     FAILED      1:0",
+    "sacct node fail": "12345        train.sh   gpu    acct    64  NODE_FAIL      0:0",
+    "scontrol failed": "   JobState=FAILED Reason=NonZeroExitCode Dependency=(null)",
+    "lsf owner": "TERM_OWNER: job killed by owner.",
+    "pbs other limit": "=>> PBS: job killed: ncpus 32.5 exceeded limit 32",
+    # CUDA and ROCm math libraries by status name.
+    "cufft": "cuFFT error: CUFFT_INTERNAL_ERROR",
+    "cusolver": "cusolver error: CUSOLVER_STATUS_EXECUTION_FAILED, when calling "
+    "`cusolverDnXgeqrf( handle, params, m, n, CUDA_R_32F, A, lda)`",
+    "hipblas": "hipblas error: HIPBLAS_STATUS_EXECUTION_FAILED",
+    "miopen status": "[rank0]: MIOpen error: miopenStatusUnknownError",
+    # A thread's uncaught exception whose traceback was cut off.
+    "thread header": "Exception in thread Thread-3 (_pin_memory_loop):",
+}
+
+MORE_HEALTHY = {
+    "readiness probe": "  Warning  Unhealthy  1m  kubelet  Readiness probe failed: Get "
+    '"http://10.0.0.2:8080/health": dial tcp 10.0.0.2:8080: connect: connection refused',
+    "image present": '  Normal   Pulled     1m  kubelet  Container image "nvcr.io/nvidia/'
+    'pytorch:24.01-py3" already present on machine',
+    "sacct running": "12345.batch       batch          acct     8    RUNNING      0:0",
+    "scontrol completed": "   JobState=COMPLETED Reason=None Dependency=(null)",
+    "test summary": "Checked FAILED tests: 0 of 12",
+    "cufft plan cache": "cufft plan cache: max size 4096, CUFFT_SUCCESS",
+}
+
+
+@pytest.mark.parametrize("text", MORE_REPORTS.values(), ids=list(MORE_REPORTS))
+def test_more_failure_reports_escalate(pack: RuleSet, tmp_path: Path, text: str) -> None:
+    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, text), text)
+
+
+@pytest.mark.parametrize("text", MORE_HEALTHY.values(), ids=list(MORE_HEALTHY))
+def test_their_harmless_neighbours_stay_silent(pack: RuleSet, tmp_path: Path, text: str) -> None:
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
+
+
+def test_a_thread_header_yields_to_its_classified_traceback(pack: RuleSet, tmp_path: Path) -> None:
+    text = (
+        "Exception in thread Thread-3 (_pin_memory_loop):\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.10/threading.py", line 1016, in _bootstrap_inner\n'
+        "    self.run()\n"
+        "KeyError: 'labels'"
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert (verdict.failure_type, verdict.action) == ("KeyError", Action.NOTIFY_USER)
