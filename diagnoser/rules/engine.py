@@ -16,6 +16,7 @@ from diagnoser.ingest.framing import LineBatch
 from diagnoser.rules.assembly import (
     Assembler,
     Block,
+    ChildFailedAssembler,
     TracebackAssembler,
     Verdict,
     cpp_backtrace_line,
@@ -134,10 +135,22 @@ class JobScanner:
         came, other output buried it): its lines are no unit's evidence any more, so the
         fallback line rules read them, frames first (they say where), the header last (a
         header nothing followed still says that something raised), and the first that speaks
-        is kept. A log cut after `Traceback (most recent call last):` is not a healthy log."""
-        if not isinstance(assembler, TracebackAssembler) or assembler.exception is not None:
+        is kept. A log cut after `Traceback (most recent call last):` is not a healthy log.
+        The same holds for a `ChildFailedError` header whose "Root Cause" section never came,
+        header first: its own fallback rule names the failure, and only the catch-alls read
+        these lines (rules with a cause read them as they came), so any that speaks says as
+        much; reading the up to 200 lines it took in first cost half the scanner's rate on
+        failure-heavy streams (`bench/rules.py`)."""
+        lines: tuple[str, ...]
+        if isinstance(assembler, TracebackAssembler):
+            if assembler.exception is not None:
+                return []
+            lines = (*assembler.lines[1:], *assembler.lines[:1])
+        elif isinstance(assembler, ChildFailedAssembler) and not assembler.fields:
+            lines = tuple(assembler.lines)
+        else:
             return []
-        for line in (*assembler.lines[1:], *assembler.lines[:1]):
+        for line in lines:
             events = self._line_events(
                 self._fallback_line_mask,
                 line,
@@ -188,7 +201,7 @@ class JobScanner:
                 del blocks[rank]
                 if verdict is not Verdict.ABANDON:
                     closed = assembler.finish()
-                else:
+                if closed is None:
                     out.extend(self._orphaned(assembler, node, rank, now))
             if closed is not None and verdict is Verdict.CLOSE_WITHOUT:
                 out.extend(self._block_events(closed, node, rank, now))
@@ -204,11 +217,16 @@ class JobScanner:
 
         # A line an open multi-line unit took in (a traceback's frame) is that unit's
         # evidence: catch-all line rules stay out of it. So is the header that opens a
-        # traceback: if the traceback is never completed, `_orphaned` gives it back to them.
-        opens_traceback = verdict is not Verdict.CONTINUE and bool(
-            mask & self.ruleset.trigger_bits[Unit.TRACEBACK]
+        # traceback or a ChildFailedError report: if the unit is never completed, `_orphaned`
+        # gives it back to them.
+        opens_unit = verdict is not Verdict.CONTINUE and bool(
+            mask
+            & (
+                self.ruleset.trigger_bits[Unit.TRACEBACK]
+                | self.ruleset.trigger_bits[Unit.CHILD_FAILED]
+            )
         )
-        inside = verdict is Verdict.CONTINUE or opens_traceback
+        inside = verdict is Verdict.CONTINUE or opens_unit
         if (
             not inside
             and mask & self._fallback_line_mask

@@ -115,6 +115,7 @@ FAILURE_TYPES: dict[str, _FT] = {
     "<ExceptionType>": (Category.USER_CODE, Action.NOTIFY_USER),
     "segfault": (Category.FRAMEWORK, Action.ESCALATE),
     "cuda_error": (Category.FRAMEWORK, Action.ESCALATE),
+    "xla_execution_failed": (Category.FRAMEWORK, Action.ESCALATE),
     "worker_process_failed": (Category.FRAMEWORK, Action.ESCALATE),
     "abnormal_exit": (Category.FRAMEWORK, Action.ESCALATE),
     "fatal_signal": (Category.FRAMEWORK, Action.ESCALATE),

@@ -335,3 +335,33 @@ def test_a_headless_exception_is_diagnosed_with_less_confidence(pack: RuleSet) -
     )
     assert cut.culprit_nodes == ("node-0",)
     assert cut.confidence < whole.confidence
+
+
+ABSL_SIGBUS = "*** SIGBUS received at time=1700000000 on cpu 6 ***"
+CUT_ELASTIC_REPORT = [
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    "============================================================",
+]
+POD_EXIT = "train-worker-1   0/1     ExitCode:1           0             10m"
+
+
+def test_pass8_catch_alls_never_hide_the_cause_printed_on_another_node(pack: RuleSet) -> None:
+    """A cut elastic report on the launcher, kubectl's exit status and Abseil's signal banner
+    on a worker are echoes of the CUDA OOM another node printed (issue 11)."""
+    logs = {
+        "launcher": CUT_ELASTIC_REPORT,
+        "node-0": [ABSL_SIGBUS, POD_EXIT],
+        "node-1": [CUDA_OOM],
+    }
+    verdict = diagnose(pack, logs)
+    assert (verdict.failure_type, verdict.action) == ("cuda_oom", Action.NOTIFY_USER)
+
+
+def test_pass8_catch_alls_alone_escalate_naming_their_lines(pack: RuleSet) -> None:
+    """With no cause anywhere, the job is inconclusive and escalated (never a cordon), and every
+    node's report is evidence."""
+    logs = {"launcher": CUT_ELASTIC_REPORT, "node-0": [ABSL_SIGBUS, POD_EXIT]}
+    verdict = diagnose(pack, logs)
+    assert (verdict.status, verdict.action) == (Status.INCONCLUSIVE, Action.ESCALATE)
+    texts = {event.text for event in verdict.evidence}
+    assert {CUT_ELASTIC_REPORT[0], ABSL_SIGBUS, POD_EXIT} <= texts

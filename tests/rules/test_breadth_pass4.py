@@ -245,7 +245,6 @@ HEALTHY = {
     "pre-R450 nvidia-smi clean": _ecc_report(0, 0, 0),
     "oom reaper alone": "oom_reaper: reaped process 15784 (python3), now anon-rss:0kB, "
     "file-rss:0kB, shmem-rss:0kB",
-    "pbs walltime": "=>> PBS: job killed: walltime 3650 exceeded limit 3600",
     "oomd candidates": "systemd-oomd[581]: Considered 12 cgroups for killing, top candidates were:",
     "loading shards": "Loading checkpoint shards:  50%|#####     | 1/2 [00:41<00:41, 41.02s/it]\n"
     "Loading checkpoint shards: 100%|##########| 2/2 [01:20<00:00, 40.10s/it]",

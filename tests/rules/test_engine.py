@@ -296,3 +296,70 @@ def test_a_warnings_backtrace_split_across_batches_is_still_the_warnings(pack: R
     alone = JobScanner(pack)
     orphan = alone.feed("n", None, make_batch(lines[1:]), 0.0) + alone.flush_all(0.0)
     assert "unexplained_traceback" in [e.rule_id for e in orphan]
+
+
+CHILD_FAILED_PACK = """\
+family: demo
+description: a catch-all that reads a ChildFailedError header, and the report's own rule
+rules:
+  - id: demo_header
+    description: the header of a report
+    failure_type: abnormal_exit
+    category: framework
+    severity: error
+    scope: job
+    action: escalate
+    fallback: true
+    patterns: ['ChildFailedError:\\s*$']
+    examples:
+      match: ['torch.distributed.elastic.multiprocessing.errors.ChildFailedError:']
+      no_match: ['ChildFailedError was raised and handled']
+  - id: demo_root_cause
+    description: the report's first failure
+    failure_type: worker_process_failed
+    category: framework
+    severity: warning
+    scope: job
+    action: escalate
+    unit: child_failed
+    patterns: ['exitcode=']
+    examples:
+      match:
+        - |
+          torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+          Root Cause (first observed failure):
+          [0]:
+            host      : worker-3
+            exitcode  : 1 (pid: 5277)
+          ============================================================
+      no_match: ['train.py FAILED']
+"""
+CHILD_FAILED_HEADER = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
+
+
+def test_a_child_failed_header_is_its_reports_until_the_report_never_comes(
+    tmp_path: Path,
+) -> None:
+    """The header of a complete report is that report's evidence, as a traceback's header is;
+    a header whose "Root Cause" section never came (the stream ends, or a traceback opens
+    instead) goes back to the catch-all line rules, so a cut report is never silent."""
+    write_rules(tmp_path, "child.yaml", CHILD_FAILED_PACK)
+    ruleset = load_dir(tmp_path)
+    complete = [
+        CHILD_FAILED_HEADER,
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  host      : worker-3",
+        "  exitcode  : 1 (pid: 5277)",
+        "============================================================",
+    ]
+    assert [e.rule_id for e in scan_lines(ruleset, complete)] == ["demo_root_cause"]
+
+    scanner = ruleset.job_scanner()
+    assert scanner.feed("n", None, make_batch([CHILD_FAILED_HEADER, "=" * 60]), 0.0) == []
+    (event,) = scanner.flush("n", None, 0.0)
+    assert (event.rule_id, event.text) == ("demo_header", CHILD_FAILED_HEADER)
+
+    cut = [CHILD_FAILED_HEADER, "train.py FAILED", "Traceback (most recent call last):"]
+    events = ruleset.job_scanner().feed("n", None, make_batch(cut), 0.0)
+    assert [(e.rule_id, e.text) for e in events] == [("demo_header", CHILD_FAILED_HEADER)]
