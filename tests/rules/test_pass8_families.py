@@ -26,6 +26,12 @@ STEPS = "".join(
 )
 
 
+def assert_notifies_naming(verdict: Verdict, failure_type: str, text: str) -> None:
+    assert (verdict.failure_type, verdict.action) == (failure_type, Action.NOTIFY_USER)
+    assert verdict.root is not None
+    assert verdict.root.text.strip() in text
+
+
 def assert_escalates_naming(verdict: Verdict, line: str) -> None:
     assert verdict.status is Status.INCONCLUSIVE, (verdict.failure_type, verdict.action)
     assert verdict.action is Action.ESCALATE
@@ -273,10 +279,7 @@ LOSS_SCALE_HEALTHY = {
 
 @pytest.mark.parametrize("text", LOSS_SCALE_FLOOR.values(), ids=list(LOSS_SCALE_FLOOR))
 def test_a_loss_scaler_at_its_floor_is_a_nan_loss(pack: RuleSet, tmp_path: Path, text: str) -> None:
-    verdict = verdict_of(pack, tmp_path, STEPS, text)
-    assert (verdict.failure_type, verdict.action) == ("nan_loss", Action.NOTIFY_USER)
-    assert verdict.root is not None
-    assert verdict.root.text.strip() in text
+    assert_notifies_naming(verdict_of(pack, tmp_path, STEPS, text), "nan_loss", text)
 
 
 def test_deepspeed_at_its_floor_once_escalates_and_twice_notifies(
@@ -312,10 +315,7 @@ TIME_LIMITS = {
 def test_a_scheduler_ending_the_job_at_its_time_limit_notifies(
     pack: RuleSet, tmp_path: Path, text: str
 ) -> None:
-    verdict = verdict_of(pack, tmp_path, STEPS, text)
-    assert (verdict.failure_type, verdict.action) == ("time_limit", Action.NOTIFY_USER)
-    assert verdict.root is not None
-    assert verdict.root.text.strip() in text
+    assert_notifies_naming(verdict_of(pack, tmp_path, STEPS, text), "time_limit", text)
 
 
 def test_a_job_completed_in_sacct_stays_silent(pack: RuleSet, tmp_path: Path) -> None:
@@ -336,10 +336,7 @@ NAN_LOSS_SPELLINGS = {
 def test_a_non_finite_loss_in_more_loggers_words_is_a_nan_loss(
     pack: RuleSet, tmp_path: Path, text: str
 ) -> None:
-    verdict = verdict_of(pack, tmp_path, STEPS, text)
-    assert (verdict.failure_type, verdict.action) == ("nan_loss", Action.NOTIFY_USER)
-    assert verdict.root is not None
-    assert verdict.root.text.strip() in text
+    assert_notifies_naming(verdict_of(pack, tmp_path, STEPS, text), "nan_loss", text)
 
 
 def test_a_finite_composer_loss_stays_silent(pack: RuleSet, tmp_path: Path) -> None:
