@@ -7,7 +7,7 @@ source tree's `rules/` is absent. An editable install needs no copy: it loads `r
 The prompt templates (`prompts/*.j2`) travel the same way, to `diagnoser/llm/prompts/`.
 
 The template miner's per-line path is compiled to C by mypyc (`NATIVE_MODULES`): the same
-type-checked source, about 1.4x the lines per CPU second (BENCHMARKS.md, template mining). The
+type-checked source, about 1.5x the lines per CPU second (BENCHMARKS.md, template mining). The
 extensions are optional: without a C compiler, or with `DIAGNOSER_COMPILE=0`, the package
 installs as pure Python and behaves the same (`diagnoser.native` says which one runs).
 Everything else about the package is declared in pyproject.toml.
@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -68,26 +67,33 @@ class BuildExtRecordingSources(build_ext):
     """
 
     def run(self) -> None:
-        started = time.time()
+        self.built: set[str] = set()
         super().run()  # builds in build_lib, then copies into the checkout when in place
-        built = {}
-        for source in NATIVE_MODULES:
-            module = source.removesuffix(".py").replace("/", ".")
-            output = Path(self.build_lib, *module.split(".")).with_suffix("")
-            made = [p for p in output.parent.glob(output.name + ".*") if p.suffix != ".py"]
-            if any(p.stat().st_mtime >= started - 1 for p in made):
-                built[module] = hashlib.sha256((ROOT / source).read_bytes()).hexdigest()
+        # An optional extension that failed leaves any older build in place: record nothing
+        # then, so that no record vouches for it.
+        complete = bool(self.extensions) and all(e.name in self.built for e in self.extensions)
+        recorded = {
+            source.removesuffix(".py").replace("/", "."): hashlib.sha256(
+                (ROOT / source).read_bytes()
+            ).hexdigest()
+            for source in NATIVE_MODULES
+        }
         targets = [Path(self.build_lib, "diagnoser")]
         if self.inplace:
             package = self.get_finalized_command("build_py").get_package_dir("diagnoser")
             targets.append(Path(package))
         for target in targets:
             record = target / BUILD_RECORD
-            if built:
+            if complete:
                 self.mkpath(str(target))
-                record.write_text(json.dumps(built, indent=2, sort_keys=True) + "\n")
+                record.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
             elif record.exists():
-                record.unlink()  # nothing compiled now: no record vouches for old extensions
+                record.unlink()
+
+    def build_extension(self, ext: Extension) -> None:
+        """Built, or up to date with the C that mypyc just wrote from the current sources."""
+        super().build_extension(ext)
+        self.built.add(ext.name)
 
 
 def native_extensions() -> list[Extension]:

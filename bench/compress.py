@@ -217,10 +217,7 @@ def main() -> None:
         f"{platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.1f}; Loghub-2k from {args.loghub}"
     )
-    native = compiled()
-    build = "compiled by mypyc" if all(native.values()) else "pure Python"
-    if any(native.values()) and not all(native.values()):
-        build = f"partly compiled {native}"
+    build = "compiled by mypyc" if all(compiled().values()) else "pure Python"
     print(f"miner: {build} (diagnoser.native; DIAGNOSER_PURE_PYTHON=1 runs the .py files)")
     legacy = [s.name for s in samples if not s.corrected]
     print(f"ground truth: Loghub-2.0 corrected templates; original Loghub for {legacy}\n")

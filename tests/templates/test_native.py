@@ -15,6 +15,7 @@ import pytest
 
 import diagnoser
 from diagnoser.native import NATIVE_MODULES, PURE_PYTHON_ENV, compiled, stale_modules
+from tests.servers import missing_service
 from tests.templates.corpus import LOGHUB, ROOT
 
 PACKAGE = Path(diagnoser.__file__).resolve().parent
@@ -24,10 +25,7 @@ PACKAGE = Path(diagnoser.__file__).resolve().parent
 def built() -> None:
     """The suite's install compiles the miner (scripts/setup.sh); CI must not pass without it."""
     if not all(compiled().values()) or stale_modules():
-        message = "the miner is not compiled: run ./scripts/setup.sh (needs a C compiler)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_service("the miner is not compiled: run ./scripts/setup.sh (needs a C compiler)")
 
 
 def run(code: str, *, env: dict[str, str] | None = None, path: Path | None = None) -> str:
