@@ -390,6 +390,10 @@ class Settings(BaseSettings):
     """The rule pack (`rules/*.yaml`): validated at start, watched and hot-reloaded."""
     rules_watch: bool = True
     """Reload the pack when its files change (POST /v1/rules/reload works either way)."""
+    gc_young_threshold: int = Field(default=10_000, ge=0)
+    """Allocations between collections of the garbage collector's youngest generation
+    (Python's default is 700; 0 keeps it). The start-up heap is frozen either way
+    (diagnoser/runtime.py)."""
 
     db: DbSettings = DbSettings()
     redis: RedisSettings = RedisSettings()
