@@ -39,6 +39,10 @@ KNOWN_STREAMS = 100_000
 MAX_GROUP = 1000
 """Stream commits per transaction at most: a larger group would hold the database (SQLite's
 one writer) long enough to delay everything else that writes."""
+TICK_SLICE = 250
+"""Timed commits the ticker submits at once. An upload that ends or brings news during a tick
+commits in the next transaction, after at most one slice (a few ms), not after the tick's
+thousands."""
 
 
 class OffsetGapError(Exception):
@@ -433,21 +437,27 @@ class CommitTicker:
 
     async def _tick(self) -> None:
         try:
-            taken = await self._commit_waiting()
-            await self._settle(taken)
+            due = [c for c in self._waiting if not c.lock.locked()]
+            for commits in due:  # a write committing itself now is taken at the next tick
+                del self._waiting[commits]
+            committed: list[_Commits] = []
+            for start in range(0, len(due), TICK_SLICE):
+                committed += await self._commit_slice(due[start : start + TICK_SLICE])
+            await self._settle(committed)
         finally:
             self._running = None
             self.ticks += 1
             self._schedule()
 
-    async def _commit_waiting(self) -> list[_Commits]:
-        """Commit every write that waits and is not committing itself; the writes committed."""
+    async def _commit_slice(self, due: list[_Commits]) -> list[_Commits]:
+        """Commit these writes (those still waiting and not committing themselves) in one
+        submission to the commit group; the writes committed."""
         taken: list[_Commits] = []
         progress: list[Progress] = []
-        for commits in list(self._waiting):
-            if commits.lock.locked():
-                continue  # its own commit runs: the next tick takes what that one leaves
-            del self._waiting[commits]
+        for commits in due:
+            if commits.lock.locked():  # ended or urgent since the tick began: its own commit
+                self._waiting.setdefault(commits, None)
+                continue
             if commits.failure is not None:
                 continue
             step = commits.progress()
