@@ -153,7 +153,7 @@ def serve(
     # a stop that completed is a success (exit 0), not a death by signal (-15).
     signal.signal(signal.SIGTERM, _stopped)
     app = create_app(settings, rules=rules)
-    tune_gc(settings.gc_young_threshold)  # what start-up built leaves the collector's view
+    tune_gc(settings.gc_thresholds)  # what start-up built leaves the collector's view
     uvicorn.run(
         app,
         host=settings.host,

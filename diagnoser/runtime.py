@@ -9,9 +9,10 @@ that was 9 % of the replica's CPU, in pauses of up to 400 ms (BENCHMARKS.md, "Lo
 
 So, once per process, before the service starts serving (`diagnoser serve`): what start-up
 built is moved out of the collector's view (`gc.freeze`; reference counting still frees what
-drops to zero), and the youngest generation is collected every `young_threshold` allocations
-instead of 700, which makes full collections rarer too. Garbage in reference cycles waits
-longer for its collection; that memory is bounded by the threshold.
+drops to zero), and full collections come ten times less often (`DIAGNOSER_GC_THRESHOLDS`,
+default 1000, 10, 100 against Python's 700, 10, 10). A larger young threshold was tried and
+dropped: young collections grow with it, to 100-200 ms at 10,000. Garbage in reference cycles
+that lived long enough to reach the oldest generation waits longer for its collection.
 """
 
 from __future__ import annotations
@@ -24,16 +25,14 @@ log = logging.getLogger(__name__)
 _tuned = False
 
 
-def tune_gc(young_threshold: int) -> bool:
-    """Freeze the start-up heap and set the young generation's threshold (0: Python's own);
-    once per process. True if done."""
+def tune_gc(thresholds: tuple[int, int, int]) -> bool:
+    """Freeze the start-up heap and set the collector's thresholds; once per process. True
+    if done."""
     global _tuned  # noqa: PLW0603 - one process, one garbage collector
     if _tuned:
         return False
     _tuned = True
-    if young_threshold > 0:
-        _, older, oldest = gc.get_threshold()
-        gc.set_threshold(young_threshold, older, oldest)
+    gc.set_threshold(*thresholds)
     gc.collect()
     gc.freeze()
     log.debug(

@@ -14,9 +14,9 @@ import gc, json
 from diagnoser.config import Settings
 from diagnoser.runtime import tune_gc
 before = gc.get_threshold()
-first = tune_gc(Settings().gc_young_threshold)
+first = tune_gc(Settings().gc_thresholds)
 frozen = gc.get_freeze_count()
-again = tune_gc(1)
+again = tune_gc((1, 1, 1))
 print(json.dumps({"before": before, "after": gc.get_threshold(), "first": first,
                   "again": again, "frozen": frozen}))
 """
@@ -40,10 +40,10 @@ def test_the_start_up_heap_is_frozen_and_young_collections_are_rarer() -> None:
     assert seen["first"] is True
     assert seen["again"] is False  # once per process: a later call changes nothing
     assert seen["frozen"] > 10_000  # the imported modules and settings, at least
-    assert seen["after"] == [10_000, *seen["before"][1:]]
+    assert seen["after"] == [1000, 10, 100]
 
 
-def test_zero_keeps_pythons_threshold() -> None:
-    seen = _probe(DIAGNOSER_GC_YOUNG_THRESHOLD="0")
-    assert seen["after"] == seen["before"]
+def test_the_thresholds_are_a_setting() -> None:
+    seen = _probe(DIAGNOSER_GC_THRESHOLDS="[700, 10, 10]")
+    assert seen["after"] == seen["before"] == [700, 10, 10]
     assert seen["frozen"] > 0
