@@ -74,6 +74,7 @@ from diagnoser.store.kept_lines import KeptLineStore
 from diagnoser.store.migrate import head_revision, upgrade
 from diagnoser.store.retention import TABLES as RETENTION_TABLES
 from diagnoser.store.retention import Pruner
+from diagnoser.templates.compressor import CompressorConfig
 from diagnoser.templates.log_agent import LogAgent, LogAgentPrompt
 from diagnoser.templates.stage import CompressionStage
 
@@ -345,7 +346,7 @@ def create_app(settings: Settings, *, rules: RuleSet | None = None) -> FastAPI:
             functools.partial(RuleRegistry, settings.rules_dir, compiled=rules)
         )
         reloader = RuleReloader(registry)
-        compression_stage = CompressionStage(registry)
+        compression_stage = CompressionStage(registry, CompressorConfig(build_in_thread=True))
         stage = DiagnosisStage(
             registry,
             hang_action=Action(settings.hang.action),

@@ -132,6 +132,7 @@ def serve(
     import uvicorn
 
     from diagnoser.app import create_app, log_config
+    from diagnoser.runtime import tune_gc
 
     settings = build_settings(data_dir, database_url)
     settings = settings.model_copy(
@@ -151,8 +152,10 @@ def serve(
     # uvicorn shuts down gracefully on SIGTERM, then raises it again with this handler restored:
     # a stop that completed is a success (exit 0), not a death by signal (-15).
     signal.signal(signal.SIGTERM, _stopped)
+    app = create_app(settings, rules=rules)
+    tune_gc(settings.gc_thresholds)  # what start-up built leaves the collector's view
     uvicorn.run(
-        create_app(settings, rules=rules),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

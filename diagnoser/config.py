@@ -390,6 +390,10 @@ class Settings(BaseSettings):
     """The rule pack (`rules/*.yaml`): validated at start, watched and hot-reloaded."""
     rules_watch: bool = True
     """Reload the pack when its files change (POST /v1/rules/reload works either way)."""
+    gc_thresholds: tuple[int, int, int] = (1000, 10, 100)
+    """`gc.set_threshold` for `serve`: allocations between young collections, young collections
+    between middle ones, middle ones between full ones (Python's default is 700, 10, 10). The
+    start-up heap is frozen either way (diagnoser/runtime.py)."""
 
     db: DbSettings = DbSettings()
     redis: RedisSettings = RedisSettings()
@@ -403,6 +407,13 @@ class Settings(BaseSettings):
     signals: SignalSettings = SignalSettings()
     notify: NotifySettings = NotifySettings()
     retention: RetentionSettings = RetentionSettings()
+
+    @field_validator("gc_thresholds")
+    @classmethod
+    def _positive_thresholds(cls, value: tuple[int, int, int]) -> tuple[int, int, int]:
+        if min(value) < 1:
+            raise ValueError("every garbage-collector threshold must be at least 1")
+        return value
 
     @property
     def database_url(self) -> str:

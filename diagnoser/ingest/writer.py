@@ -39,6 +39,10 @@ KNOWN_STREAMS = 100_000
 MAX_GROUP = 1000
 """Stream commits per transaction at most: a larger group would hold the database (SQLite's
 one writer) long enough to delay everything else that writes."""
+TICK_SLICE = 250
+"""Timed commits the ticker submits at once. An upload that ends or brings news during a tick
+commits in the next transaction, after at most one slice (a few ms), not after the tick's
+thousands."""
 
 
 class OffsetGapError(Exception):
@@ -160,6 +164,26 @@ class _Grouped(Generic[T, R]):
             self._task = asyncio.create_task(self._drain())
         return await future
 
+    async def _submit_all(self, items: list[T]) -> list[R | Exception]:
+        """Each item's answer, or the error of the transaction it was in: one wait for all.
+
+        The queue is served in order, so once the last item's answer is in, every earlier one
+        is too.
+        """
+        if not items:
+            return []
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
+        self._queue.extend(zip(items, futures, strict=True))
+        if self._task is None:
+            self._task = asyncio.create_task(self._drain())
+        await asyncio.wait([futures[-1]])
+        answers: list[R | Exception] = []
+        for future in futures:
+            error = future.exception()
+            answers.append(future.result() if error is None else _as_exception(error))
+        return answers
+
     async def _drain(self) -> None:
         batch: list[tuple[T, asyncio.Future[R]]] = []
         try:
@@ -188,13 +212,17 @@ class _Grouped(Generic[T, R]):
             self._queue.clear()
 
 
+def _as_exception(error: BaseException) -> Exception:
+    return error if isinstance(error, Exception) else RuntimeError(repr(error))
+
+
 class CommitGroup(_Grouped[StreamCommit, bool]):
     """The stream commits of every upload in this process, taken together (group commit).
 
-    Under load the uploads' commit timers fire together (`_CommitTimer`'s shared grid), so an
-    interval's commits of thousands of open uploads take a few transactions instead of one
-    each. Each commit keeps its own compare-and-set: a lost race fails that stream alone; a
-    failed transaction fails every commit in it, and nothing of it is committed.
+    Under load the uploads' timed commits come together (`CommitTicker`), so an interval's
+    commits of thousands of open uploads take a few transactions instead of one each. Each
+    commit keeps its own compare-and-set: a lost race fails that stream alone; a failed
+    transaction fails every commit in it, and nothing of it is committed.
     """
 
     name = "commit group"
@@ -206,6 +234,11 @@ class CommitGroup(_Grouped[StreamCommit, bool]):
     async def commit(self, commit: StreamCommit) -> bool:
         """True once `commit` is durable; False when the stream's offset had moved."""
         return await self._submit(commit)
+
+    async def commit_all(self, commits: list[StreamCommit]) -> list[bool | Exception]:
+        """`commit` for each, with one wait: the error of a failed transaction in place of
+        the answers of the commits it held."""
+        return await self._submit_all(commits)
 
     def _run(self, conn: Connection, items: list[StreamCommit]) -> list[bool]:
         return commit_many(conn, items)
@@ -245,9 +278,9 @@ class PositionGroup(_Grouped[int, StreamPosition | None]):
 class _Commits:
     """Offsets and counts since the last commit of one write.
 
-    The request's loop and its `_CommitTimer` both commit; the lock makes them take turns, and
-    each commit reads the framer's offset and the counts together, with no await in between,
-    so they always describe the same lines.
+    The request's loop and the process's `CommitTicker` both commit; the lock makes them take
+    turns, and each commit reads the framer's offset and the counts together, with no await in
+    between, so they always describe the same lines.
     """
 
     group: CommitGroup
@@ -265,6 +298,8 @@ class _Commits:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting_since: float | None = None
     """When the oldest line handed on but not yet committed was framed (None: none waits)."""
+    failure: Exception | None = None
+    """What a timed commit raised, for the request to raise at its next chunk or its end."""
     committed: int = field(init=False)
     """The stream's committed offset, as this write last moved it."""
 
@@ -287,96 +322,186 @@ class _Commits:
         """Lines framed and handed on, not yet committed."""
         return self.framer.offset != self.committed or self.lines > 0
 
+    def raise_failure(self) -> None:
+        """Raise what a timed commit of this write raised, once."""
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            raise failure
+
+    def progress(self) -> Progress | None:
+        """What a commit now would write (None: nothing waits). Read with the lock held."""
+        offset, lines = self.framer.offset, self.lines
+        if offset == self.committed and not lines:
+            return None
+        return Progress(self.committed, offset, lines, self.truncated)
+
+    def settled(self, progress: Progress, won: bool | Exception) -> None:
+        """Book the answer to a commit of `progress`; raise if it did not move the stream."""
+        if isinstance(won, Exception):
+            self._forget()
+            self.totals.database_errors += 1
+            raise won
+        if not won:
+            self._forget()
+            raise StreamBusyError("the stream's offset moved under this request")
+        lines, truncated, offset = progress.lines, progress.truncated_lines, progress.to_offset
+        self.outcome.lines_accepted += lines
+        self.outcome.stream_lines += lines
+        self.outcome.truncated_lines += truncated
+        self.totals.committed_bytes += offset - self.committed
+        self.totals.commits += 1
+        self.outcome.next_offset = self.committed = offset
+        if self.known is not None:
+            self.known.position = StreamPosition(self.stream_id, offset, self.outcome.stream_lines)
+        self.lines -= lines
+        self.truncated -= truncated
+        self.at = time.monotonic()
+        self.waiting_since = self.at if self.lines else None
+
+    def touched(self, diagnosis_ids: list[str]) -> None:
+        for diagnosis_id in diagnosis_ids:
+            if diagnosis_id not in self.outcome.diagnoses:
+                self.outcome.diagnoses.append(diagnosis_id)
+
     async def commit(self) -> None:
         async with self.lock:
-            offset, lines, truncated = self.framer.offset, self.lines, self.truncated
-            if offset == self.committed and not lines:
+            progress = self.progress()
+            if progress is None:
                 return
-            progress = Progress(self.committed, offset, lines, truncated)
+            commit = StreamCommit(self.key.job_id, self.stream_id, progress)
             try:
-                won = await self.group.commit(
-                    StreamCommit(self.key.job_id, self.stream_id, progress)
-                )
-            except Exception:
-                self._forget()
-                self.totals.database_errors += 1
-                raise
-            if not won:
-                self._forget()
-                raise StreamBusyError("the stream's offset moved under this request")
-            self.outcome.lines_accepted += lines
-            self.outcome.stream_lines += lines
-            self.outcome.truncated_lines += truncated
-            self.totals.committed_bytes += offset - self.committed
-            self.totals.commits += 1
-            self.outcome.next_offset = self.committed = offset
-            if self.known is not None:
-                self.known.position = StreamPosition(
-                    self.stream_id, offset, self.outcome.stream_lines
-                )
-            self.lines -= lines
-            self.truncated -= truncated
-            self.at = time.monotonic()
-            self.waiting_since = self.at if self.lines else None
+                won: bool | Exception = await self.group.commit(commit)
+            except Exception as exc:
+                won = exc
+            self.settled(progress, won)
             if self.after_commit is not None:
-                for diagnosis_id in await self.after_commit(self.key):
-                    if diagnosis_id not in self.outcome.diagnoses:
-                        self.outcome.diagnoses.append(diagnosis_id)
+                self.touched(await self.after_commit(self.key))
 
 
-class _CommitTimer:
-    """Commits lines left waiting within `every_s`, even if no byte follows them.
+class CommitTicker:
+    """The timed commits of every open upload in the process, taken together at each tick.
 
-    Without it, a failure line at the tail of an open upload (the process that printed it died,
-    the upload stays open) would wait for the next chunk, the end of the request or the idle
-    timeout. A timer, armed once per commit rather than a timeout per chunk, keeps the read of
-    the body untouched: cancelling that read would end the body.
+    A line handed on waits at most `every_s` for its commit, even if no byte follows it:
+    without that, a failure line at the tail of an open upload (the process that printed it
+    died, the upload stays open) would wait for the next chunk, the end of the request or the
+    idle timeout. The ticks fall on multiples of `every_s` on the loop's clock; at each, every
+    write with lines waiting is committed through the commit group in one submission (a few
+    transactions for thousands of uploads), then each job's diagnosis is settled once. One
+    timer for the process instead of a timer, a task and a wait per upload per tick: the
+    per-upload cost of the tick is a few attribute reads.
+
+    A write whose own commit is running at the tick (its lock held) is taken at the next one;
+    a timed commit that fails is raised by its request (`arm` at its next chunk, `withdraw`
+    at its end), as a commit of its own would be.
     """
 
-    def __init__(self, commits: _Commits, every_s: float) -> None:
-        self.commits = commits
+    def __init__(
+        self, group: CommitGroup, every_s: float, after_commit: AfterCommit | None
+    ) -> None:
+        self.group = group
         self.every_s = every_s
+        self.after_commit = after_commit
+        self._waiting: dict[_Commits, None] = {}
+        """Writes with lines that wait for the next tick, in arrival order."""
         self._handle: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._stopped = False
+        self._running: asyncio.Task[None] | None = None
+        self.ticks = 0
 
-    def arm(self) -> None:
-        """After each chunk: start the clock if lines wait; raise what a timed commit raised.
+    def arm(self, commits: _Commits) -> None:
+        """After each chunk: raise what a timed commit raised; else wait for the tick if
+        lines wait."""
+        commits.raise_failure()
+        if commits.pending:
+            self._waiting[commits] = None
+            self._schedule()
 
-        The clock runs to the next multiple of `every_s` on the monotonic clock, a grid that
-        every upload of the process shares: their timed commits fall due in the same turn of
-        the event loop and share one transaction (`CommitGroup`). A line waits at most
-        `every_s`, as with a clock per upload.
-        """
-        task = self._task
-        if task is not None and task.done():
-            self._task = None
-            task.result()
-        if self._stopped or self._handle is not None or self._task is not None:
+    async def withdraw(self, commits: _Commits) -> None:
+        """No more timed commits of this write: wait for one in flight, raise its error."""
+        self._waiting.pop(commits, None)
+        if commits.lock.locked():
+            async with commits.lock:
+                pass
+        commits.raise_failure()
+
+    def _schedule(self) -> None:
+        if self._handle is not None or self._running is not None or not self._waiting:
             return
-        if self.commits.pending:
-            now = time.monotonic()
-            delay = math.floor(now / self.every_s + 1) * self.every_s - now
-            self._handle = asyncio.get_running_loop().call_later(delay, self._fire)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = math.floor(now / self.every_s + 1) * self.every_s
+        self._handle = loop.call_at(due, self._fire)
 
     def _fire(self) -> None:
         self._handle = None
-        self._task = asyncio.create_task(self._commit())
+        self._running = asyncio.create_task(self._tick())
 
-    async def _commit(self) -> None:
-        await self.commits.commit()
-        self._task = None
-        self.arm()  # lines that arrived while it committed
+    async def _tick(self) -> None:
+        try:
+            due = [c for c in self._waiting if not c.lock.locked()]
+            for commits in due:  # a write committing itself now is taken at the next tick
+                del self._waiting[commits]
+            committed: list[_Commits] = []
+            for start in range(0, len(due), TICK_SLICE):
+                committed += await self._commit_slice(due[start : start + TICK_SLICE])
+            await self._settle(committed)
+        finally:
+            self._running = None
+            self.ticks += 1
+            self._schedule()
 
-    async def stop(self) -> None:
-        """No more timed commits; wait for one in flight and raise its error, if any."""
-        self._stopped = True
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        task, self._task = self._task, None
-        if task is not None:
-            await asyncio.shield(task)
+    async def _commit_slice(self, due: list[_Commits]) -> list[_Commits]:
+        """Commit these writes (those still waiting and not committing themselves) in one
+        submission to the commit group; the writes committed."""
+        taken: list[_Commits] = []
+        progress: list[Progress] = []
+        for commits in due:
+            if commits.lock.locked():  # ended or urgent since the tick began: its own commit
+                self._waiting.setdefault(commits, None)
+                continue
+            if commits.failure is not None:
+                continue
+            step = commits.progress()
+            if step is None:
+                continue
+            await commits.lock.acquire()  # free, so taken without a suspension
+            taken.append(commits)
+            progress.append(step)
+        batch = [
+            StreamCommit(c.key.job_id, c.stream_id, p) for c, p in zip(taken, progress, strict=True)
+        ]
+        try:
+            answers = await self.group.commit_all(batch)
+        except BaseException:
+            for commits in taken:
+                commits.lock.release()
+            raise
+        done = []
+        for commits, step, won in zip(taken, progress, answers, strict=True):
+            try:
+                commits.settled(step, won)
+            except Exception as exc:
+                commits.failure = exc
+            else:
+                done.append(commits)
+                if commits.pending:
+                    self._waiting[commits] = None  # lines that arrived while it committed
+            finally:
+                commits.lock.release()
+        return done
+
+    async def _settle(self, committed: list[_Commits]) -> None:
+        """Each job whose lines were committed is settled once; what it touched goes to the
+        answer of the first of its uploads in the tick."""
+        if self.after_commit is None:
+            return
+        first: dict[str, _Commits] = {}
+        for commits in committed:
+            first.setdefault(commits.key.job_id, commits)
+        for commits in first.values():
+            try:
+                commits.touched(await self.after_commit(commits.key))
+            except Exception as exc:
+                commits.failure = exc
 
 
 class _IdleDeadline:
@@ -465,12 +590,14 @@ class StreamWriter:
     totals: WriteTotals = field(default_factory=WriteTotals)
     group: CommitGroup = field(init=False)
     positions: PositionGroup = field(init=False)
+    ticker: CommitTicker = field(init=False)
     active: set[_Commits] = field(default_factory=set)
     """The writes in progress: what the ingest lag is measured over."""
 
     def __post_init__(self) -> None:
         self.group = CommitGroup(self.sessions, self.totals)
         self.positions = PositionGroup(self.sessions)
+        self.ticker = CommitTicker(self.group, self.settings.commit_every_s, self.after_commit)
 
     def uncommitted_age_s(self) -> float:
         """How long the oldest line framed but not yet committed has waited (0: none waits).
@@ -553,7 +680,6 @@ class StreamWriter:
                 self.after_commit,
                 known if self.sole_writer else None,
             )
-            timer = _CommitTimer(commits, self.settings.commit_every_s)
             # bytes already committed, to drop; where the body starts in the stream
             skip, body_start = (0, committed) if offset is None else (committed - offset, offset)
             idle = _IdleDeadline(chunks, self.settings.idle_timeout_s)
@@ -576,16 +702,16 @@ class StreamWriter:
                             or (self.urgent is not None and self.urgent(key))
                         ):
                             await commits.commit()
-                        timer.arm()
-                    await timer.stop()
+                        self.ticker.arm(commits)
+                    await self.ticker.withdraw(commits)
                 except TimeoutError:
-                    await timer.stop()
+                    await self.ticker.withdraw(commits)
                     await commits.commit()
                     raise IdleTimeoutError(outcome) from None
                 except BaseException:
                     # Client gone or server stopping: keep every whole line that arrived.
                     with contextlib.suppress(Exception):
-                        await asyncio.shield(timer.stop())
+                        await asyncio.shield(self.ticker.withdraw(commits))
                     await asyncio.shield(commits.commit())
                     raise
                 if offset is None:

@@ -11,6 +11,7 @@ its rows back for the next one.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,14 +77,19 @@ class KeptLineStore:
     async def flush(self, only: str | None = None) -> None:
         """Write what the stage compressed since the last flush (every job, or one)."""
         async with self._lock:
-            flushes = self.stage.drain(only)
-            if not flushes:
-                return
-            try:
-                await self.sessions.run(lambda conn: write(conn, flushes, self.stage.bounds.last_n))
-            except BaseException:
-                self.stage.restore(flushes)
-                raise
+            flushes = sorted(self.stage.drain(only), key=lambda f: f.job_id)
+            last_n = self.stage.bounds.last_n
+            # One transaction per job: a job's rows and counts stay together, and the stream
+            # commits of open uploads, which share the single SQLite writer, wait for one
+            # job's flush at most, not for every job's (hundreds of statements).
+            for done, flush in enumerate(flushes):
+                try:
+                    await self.sessions.run(
+                        functools.partial(write, flushes=[flush], last_n=last_n)
+                    )
+                except BaseException:
+                    self.stage.restore(flushes[done:])
+                    raise
 
     async def read(self, job_id: str, limit: int) -> StoredLog | None:
         """The job's stored log (None: no replica compressed it), after this replica's flush."""

@@ -71,6 +71,9 @@ class CompressorConfig:
     """Templates tried per promotion (most frequent first)."""
     engine: str = "auto"
     """Matcher and guard engine: "hyperscan", "regex" or "auto"."""
+    build_in_thread: bool = False
+    """Compile the filters' matcher in a thread (`FilterSet.background`): the service's
+    setting, so that a compile of hundreds of filters never stops its event loop."""
     miner: MinerConfig = field(default_factory=MinerConfig)
 
 
@@ -205,7 +208,9 @@ class Compressor:
         self.config = config or CompressorConfig()
         self.guard = Guard(ruleset, engine=self.config.engine)
         self.miner = miner or TemplateMiner(self.config.miner)
-        self.filters = filters or FilterSet(engine=self.config.engine)
+        self.filters = filters or FilterSet(
+            engine=self.config.engine, background=self.config.build_in_thread
+        )
         self.validator = Validator(self.guard.rule_examples)
         self.tainted: set[int] = set()
         """Templates that took a guarded line: never filtered."""
@@ -391,7 +396,8 @@ class JobCompression:
     def job_filters(self) -> FilterSet:
         """This job's own filter set, created on first use."""
         if self.filters is None:
-            self.filters = FilterSet(engine=self.compressor.config.engine)
+            config = self.compressor.config
+            self.filters = FilterSet(engine=config.engine, background=config.build_in_thread)
         return self.filters
 
     def _texts(self) -> dict[int, str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import regex
 
 from diagnoser.rules import hyperscan_db
-from diagnoser.templates.matcher import Matcher, RegexMatcher, build_matcher
+from diagnoser.templates.matcher import LiteralChecker, Matcher, build_matcher
 from diagnoser.templates.model import Slot, TemplateView
 from diagnoser.templates.validation import Validator, digit_blind, hex_blind
 
@@ -178,6 +179,41 @@ def _hex_keys(keys: list[bytes]) -> list[bytes] | None:
     return None if len(hexed) == len(joined) else hexed.split(b"\n")
 
 
+_BUILDS: ThreadPoolExecutor | None = None
+
+
+def _builder() -> ThreadPoolExecutor:
+    """One thread for every family's matcher builds: hyperscan compiles with the GIL released,
+    so a build of hundreds of patterns (up to seconds) no longer stops the event loop."""
+    global _BUILDS  # noqa: PLW0603 - one build thread per process
+    if _BUILDS is None:
+        _BUILDS = ThreadPoolExecutor(1, thread_name_prefix="filter-matcher")
+    return _BUILDS
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    """A main tier built off the loop: its matcher, and the patterns hyperscan refused."""
+
+    matcher: Matcher
+    refused: dict[int, str]
+    """Index in the build's pattern list -> hyperscan's reason."""
+
+
+def _build(patterns: list[str], engine: str) -> _Built:
+    try:
+        return _Built(build_matcher(patterns, engine=engine), {})
+    except ValueError:
+        # Rare: find the patterns hyperscan refuses (one compile each), leave them out, retry.
+        refused: dict[int, str] = {}
+        for index, pattern in enumerate(patterns):
+            problem = hyperscan_db.compiles(pattern.encode("utf-8"))
+            if problem is not None:
+                refused[index] = problem
+        kept = [p for i, p in enumerate(patterns) if i not in refused]
+        return _Built(build_matcher(kept, engine=engine), refused)
+
+
 @dataclass
 class FilterSet:
     """The filters of one family, the record of what was rejected or disabled, and the matcher.
@@ -187,7 +223,10 @@ class FilterSet:
     takes seconds, so the matcher has two tiers: the main one (every filter as of its last
     build) and the filters added since, run with `regex` on the few lines the main one left.
     The main tier is rebuilt once `rebuild_pending` filters wait, or after `rebuild_lines`
-    input lines with any waiting.
+    input lines with any waiting; in the service the build runs in a thread (`background`), and
+    the filters added meanwhile stay in the second tier until the new main tier takes over.
+    Which tier matches a line changes the cost and, for a line two filters match, which one
+    is credited, never whether the line is filtered.
 
     In front of both, an exact memo: a line's skeleton (its UTF-8 bytes with every digit turned
     into `0`, one `bytes.translate` per batch) maps to the filter its first line matched. For a
@@ -205,7 +244,15 @@ class FilterSet:
     disabled: list[Disabled] = field(default_factory=list)
     rebuild_lines: int = 65_536
     rebuild_pending: int = 32
+    background: bool = False
+    """Build the main tier in a thread (the service: the event loop never waits for a
+    compile). Off, the caller builds it and the next match waits: the offline CLI's results
+    then do not depend on a thread's timing (of two filters that match one line, the tier that
+    answers decides which is credited)."""
     _active: list[Filter] = field(default_factory=list, init=False, repr=False)
+    _building: tuple[Future[_Built], list[Filter]] | None = field(
+        default=None, init=False, repr=False
+    )
     _matcher: Matcher | None = field(default=None, init=False, repr=False)
     _pending: list[Filter] = field(default_factory=list, init=False, repr=False)
     _pending_matcher: Matcher | None = field(default=None, init=False, repr=False)
@@ -293,8 +340,13 @@ class FilterSet:
         """The raw form of `match` for the hot path: indexes into the returned filter list.
         `data`: the lines joined by newlines, UTF-8 with errors replaced, if already made."""
         self._since += len(lines)
-        if self._matcher is None or (
+        if self._building is not None and self._building[0].done():
+            self._take_build()
+        if self._matcher is None:
+            self._start_with_pending()
+        if (
             self._stale
+            and self._building is None
             and (self._since >= self.rebuild_lines or len(self._pending) >= self.rebuild_pending)
         ):
             self._rebuild()
@@ -364,7 +416,7 @@ class FilterSet:
         idx = self._matcher.match(lines)
         if self._pending:
             if self._pending_matcher is None:
-                self._pending_matcher = RegexMatcher([f.pattern for f in self._pending])
+                self._pending_matcher = LiteralChecker([f.pattern for f in self._pending])
             missed = [i for i, x in enumerate(idx) if x is None]
             found = self._pending_matcher.match([lines[i] for i in missed])
             base = len(self._active)
@@ -426,25 +478,52 @@ class FilterSet:
         if len(records) > self.MAX_RECORDS:
             del records[0]
 
-    def _rebuild(self) -> None:
-        self._active = self.enabled
-        try:
-            self._matcher = build_matcher([f.pattern for f in self._active], engine=self.engine)
-        except ValueError:
-            # Rare: find the patterns hyperscan refuses (one compile each), drop them, retry.
-            for f in self._active:
-                problem = hyperscan_db.compiles(f.pattern.encode("utf-8"))
-                if problem is not None:
-                    self.disable(f, 0, "", problem)
-            self._active = self.enabled
-            self._matcher = build_matcher([f.pattern for f in self._active], engine=self.engine)
-        self._pending = []
+    def _start_with_pending(self) -> None:
+        """The first match: an empty main tier, every enabled filter in the second, and the
+        main tier's build started (a family's stored filters can be hundreds)."""
+        self._matcher = build_matcher([], engine=self.engine)
+        self._active = []
+        self._pending = self.enabled
         self._pending_matcher = None
         self._memo.clear()
         self._blind_flags = []
-        self._stale = False
-        self._since = 0
+        self._stale = bool(self._pending)
         self._broken = 0
+        if self._pending:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Build the main tier of every enabled filter: in a thread, or here."""
+        snapshot = self.enabled
+        patterns = [f.pattern for f in snapshot]
+        if self.background:
+            self._building = (_builder().submit(_build, patterns, self.engine), snapshot)
+            return
+        done: Future[_Built] = Future()
+        done.set_result(_build(patterns, self.engine))
+        self._building = (done, snapshot)
+        self._take_build()
+
+    def _take_build(self) -> None:
+        """The new main tier takes over; what changed while it was built is carried over:
+        filters added since wait in the second tier, filters disabled since are masked."""
+        assert self._building is not None
+        future, snapshot = self._building
+        self._building = None
+        built = future.result()
+        refused = [snapshot[i] for i in built.refused]
+        self._active = [f for i, f in enumerate(snapshot) if i not in built.refused]
+        self._matcher = built.matcher
+        left_out = {id(f) for f in self._active} | {id(f) for f in refused}
+        self._pending = [f for f in self.filters if f.enabled and id(f) not in left_out]
+        self._pending_matcher = None
+        self._memo.clear()
+        self._blind_flags = []
+        self._broken = sum(not f.enabled for f in self._active)
+        self._stale = bool(self._pending) or self._broken > 0
+        self._since = 0
+        for f, index in zip(refused, built.refused, strict=True):
+            self.disable(f, 0, "", built.refused[index])
 
     def to_json(self) -> dict[str, object]:
         """Plain JSON (no pickle) for storage and reuse by the next job of the family."""

@@ -4,7 +4,7 @@ their position reads share transactions too, each reading its own stream."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from sqlalchemy import Connection, select
@@ -270,3 +270,97 @@ async def test_replicas_read_the_stream_at_every_upload(sessions: Sessions) -> N
     after = await writer.write(key, _body(b"e\n"), offset=6, job_metadata={})
     assert writer.positions.transactions == 1
     assert (after.next_offset, after.stream_lines, after.lines_accepted) == (8, 4, 1)
+
+
+async def _lines_then_wait(lines: list[bytes], hold: asyncio.Event) -> AsyncIterator[bytes]:
+    for line in lines:
+        yield line
+    await hold.wait()  # the shipper's upload stays open, silent
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    for _ in range(int(timeout_s / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+
+
+async def _committed_offset(sessions: Sessions, job_id: str, stream: str) -> int:
+    position = await sessions.run(lambda conn: open_stream(conn, job_id, stream, stream, None, {}))
+    return position.committed_offset
+
+
+async def test_open_uploads_are_committed_together_at_the_tick(sessions: Sessions) -> None:
+    """300 uploads that stay open after their lines: each line is committed within the tick
+    while its upload is still open, in a few transactions for all, and each job's diagnosis
+    is settled once per tick, not once per upload."""
+    settled: list[str] = []
+
+    async def settle(key: StreamKey) -> list[str]:
+        settled.append(key.job_id)
+        return []
+
+    writer = StreamWriter(
+        sessions,
+        Pipeline([]),
+        IngestSettings(commit_every_s=0.2),
+        StreamLocks(),
+        after_commit=settle,
+    )
+    hold = asyncio.Event()
+    keys = [StreamKey(f"job-t{n % 3}", f"n{n}", f"n{n}", None) for n in range(300)]
+    uploads = [
+        asyncio.create_task(
+            writer.write(key, _lines_then_wait([b"a\n", b"bb\n"], hold), offset=0, job_metadata={})
+        )
+        for key in keys
+    ]
+    await _until(lambda: writer.totals.commits >= 300)
+    assert not any(upload.done() for upload in uploads)
+    assert writer.totals.commits == 300
+    assert {await _committed_offset(sessions, k.job_id, k.stream) for k in keys[::37]} == {5}
+    assert writer.totals.transactions <= 2 * writer.ticker.ticks
+    assert set(settled) == {"job-t0", "job-t1", "job-t2"}
+    assert len(settled) <= 3 * writer.ticker.ticks < 30
+    hold.set()
+    outcomes = await asyncio.gather(*uploads)
+    assert {(o.lines_accepted, o.next_offset) for o in outcomes} == {(2, 5)}
+    assert writer.totals.commits == 300  # nothing left to commit at the end
+
+
+async def test_a_timed_commit_that_loses_its_race_fails_its_upload_alone(
+    sessions: Sessions,
+) -> None:
+    """The stream of one open upload is moved behind the writer's back: its timed commit is
+    refused, and that upload (only) fails as busy at its next chunk; the other is committed."""
+    writer = StreamWriter(sessions, Pipeline([]), IngestSettings(commit_every_s=0.1), StreamLocks())
+    moved, kept = (
+        StreamKey("job-r", "moved", "moved", None),
+        StreamKey("job-r", "kept", "kept", None),
+    )
+    go_on = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"first\n"
+        await go_on.wait()
+        yield b"second\n"
+
+    position = await sessions.run(
+        lambda conn: open_stream(conn, "job-r", "moved", "moved", None, {})
+    )
+    await sessions.run(lambda conn: open_stream(conn, "job-r", "kept", "kept", None, {}))
+    racing = asyncio.create_task(writer.write(moved, body(), offset=0, job_metadata={}))
+    calm = asyncio.create_task(writer.write(kept, body(), offset=0, job_metadata={}))
+    await asyncio.sleep(0.02)  # both have framed their first line; the tick is yet to come
+    await sessions.run(
+        lambda conn: commit_many(
+            conn, [StreamCommit("job-r", position.stream_id, Progress(0, 3, 1, 0))]
+        )
+    )
+    await _until(lambda: writer.ticker.ticks >= 2)
+    assert await _committed_offset(sessions, "job-r", "kept") == len(b"first\n")
+    go_on.set()
+    with pytest.raises(StreamBusyError):
+        await racing
+    assert (await calm).next_offset == len(b"first\nsecond\n")
+    assert await _committed_offset(sessions, "job-r", "moved") == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from functools import cache
 
 import pytest
@@ -10,6 +11,7 @@ import regex
 from megatron_log import megatron_lines
 
 from diagnoser.rules import hyperscan_db
+from diagnoser.templates import filters as filters_module
 from diagnoser.templates.compressor import Compressor, CompressorConfig
 from diagnoser.templates.filters import (
     SLOT_PATTERNS,
@@ -378,3 +380,39 @@ def test_the_literal_checker_answers_as_the_alternation() -> None:
     ]
     assert LiteralChecker(patterns).match(lines) == RegexMatcher(patterns).match(lines)
     assert LiteralChecker(patterns).match(lines) == [0, 0, 1, 2, 3, 3, 4, None, None]
+
+
+def test_the_main_tier_is_built_off_the_caller_and_changes_no_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hundreds of filters arrive at once (a family's stored set): the first match does not
+    wait for their main tier (a hyperscan compile of up to seconds, which used to stop the
+    event loop); the second tier answers meanwhile, and the built tier, once it takes over,
+    gives the same answers."""
+    patterns, every = _mined_filters()
+    held = threading.Event()
+    build = filters_module._build
+
+    def held_build(patterns: list[str], engine: str) -> object:
+        held.wait(30)
+        return build(patterns, engine)
+
+    monkeypatch.setattr(filters_module, "_build", held_build)
+    filters = FilterSet(background=True)
+    filters.filters = [Filter(i + 1, i, "", p) for i, p in enumerate(patterns)]
+    lines = every[::4]
+    try:
+        while_building = filters.match(lines)  # returns although the build cannot finish
+        building = filters._building
+        assert building is not None
+        assert not building[0].done()
+    finally:
+        held.set()
+    building[0].result(timeout=60)
+    built = filters.match(lines)
+    assert filters._building is None
+    assert len(filters._active) == len(patterns)
+    # Filtered or not is the same line for line; of two filters that match one line, the
+    # tier that answered decides which is credited.
+    assert [f is None for f in while_building] == [f is None for f in built]
+    assert sum(f is not None for f in built) > len(lines) // 2
