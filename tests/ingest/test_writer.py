@@ -331,36 +331,49 @@ async def test_open_uploads_are_committed_together_at_the_tick(sessions: Session
 async def test_a_timed_commit_that_loses_its_race_fails_its_upload_alone(
     sessions: Sessions,
 ) -> None:
-    """The stream of one open upload is moved behind the writer's back: its timed commit is
-    refused, and that upload (only) fails as busy at its next chunk; the other is committed."""
-    writer = StreamWriter(sessions, Pipeline([]), IngestSettings(commit_every_s=0.1), StreamLocks())
+    """A sole writer's stream is moved behind its back between two uploads: the second
+    upload's timed commit is refused, and that upload (only) fails as busy at its next chunk;
+    the upload of another stream open at the same tick is committed."""
+    writer = StreamWriter(
+        sessions,
+        Pipeline([]),
+        IngestSettings(commit_every_s=0.1),
+        StreamLocks(),
+        sole_writer=True,
+    )
     moved, kept = (
         StreamKey("job-r", "moved", "moved", None),
         StreamKey("job-r", "kept", "kept", None),
     )
-    go_on = asyncio.Event()
-
-    async def body() -> AsyncIterator[bytes]:
-        yield b"first\n"
-        await go_on.wait()
-        yield b"second\n"
-
+    first = await writer.write(moved, _body(b"first\n"), offset=0, job_metadata={})
     position = await sessions.run(
         lambda conn: open_stream(conn, "job-r", "moved", "moved", None, {})
     )
-    await sessions.run(lambda conn: open_stream(conn, "job-r", "kept", "kept", None, {}))
-    racing = asyncio.create_task(writer.write(moved, body(), offset=0, job_metadata={}))
-    calm = asyncio.create_task(writer.write(kept, body(), offset=0, job_metadata={}))
-    await asyncio.sleep(0.02)  # both have framed their first line; the tick is yet to come
-    await sessions.run(
+    won = await sessions.run(  # another process writes the stream: the writer does not know
         lambda conn: commit_many(
-            conn, [StreamCommit("job-r", position.stream_id, Progress(0, 3, 1, 0))]
+            conn, [StreamCommit("job-r", position.stream_id, Progress(6, 9, 1, 0))]
         )
     )
-    await _until(lambda: writer.ticker.ticks >= 2)
+    assert won == [True]
+    go_on = asyncio.Event()
+
+    async def body(*lines: bytes) -> AsyncIterator[bytes]:
+        yield lines[0]
+        await go_on.wait()
+        yield lines[1]
+
+    ticks = writer.ticker.ticks
+    racing = asyncio.create_task(
+        writer.write(moved, body(b"second\n", b"third\n"), offset=6, job_metadata={})
+    )
+    calm = asyncio.create_task(
+        writer.write(kept, body(b"first\n", b"second\n"), offset=0, job_metadata={})
+    )
+    await _until(lambda: writer.ticker.ticks >= ticks + 2)
     assert await _committed_offset(sessions, "job-r", "kept") == len(b"first\n")
     go_on.set()
     with pytest.raises(StreamBusyError):
         await racing
+    assert first.next_offset == 6
     assert (await calm).next_offset == len(b"first\nsecond\n")
-    assert await _committed_offset(sessions, "job-r", "moved") == 3
+    assert await _committed_offset(sessions, "job-r", "moved") == 9
