@@ -157,12 +157,16 @@ class _Grouped(Generic[T, R]):
     def _counted(self) -> None:
         """One more transaction taken."""
 
-    async def _submit(self, item: T) -> R:
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.append((item, future))
+    def _enqueue(self, items: list[T]) -> list[asyncio.Future[R]]:
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
+        self._queue.extend(zip(items, futures, strict=True))
         if self._task is None:
             self._task = asyncio.create_task(self._drain())
-        return await future
+        return futures
+
+    async def _submit(self, item: T) -> R:
+        return await self._enqueue([item])[0]
 
     async def _submit_all(self, items: list[T]) -> list[R | Exception]:
         """Each item's answer, or the error of the transaction it was in: one wait for all.
@@ -172,11 +176,7 @@ class _Grouped(Generic[T, R]):
         """
         if not items:
             return []
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
-        self._queue.extend(zip(items, futures, strict=True))
-        if self._task is None:
-            self._task = asyncio.create_task(self._drain())
+        futures = self._enqueue(items)
         await asyncio.wait([futures[-1]])
         answers: list[R | Exception] = []
         for future in futures:

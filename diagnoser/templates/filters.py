@@ -340,10 +340,9 @@ class FilterSet:
         """The raw form of `match` for the hot path: indexes into the returned filter list.
         `data`: the lines joined by newlines, UTF-8 with errors replaced, if already made."""
         self._since += len(lines)
-        if self._building is not None and self._building[0].done():
-            self._take_build()
+        self._take_finished_build()
         if self._matcher is None:
-            self._start_with_pending()
+            self._start()
         if (
             self._stale
             and self._building is None
@@ -478,19 +477,21 @@ class FilterSet:
         if len(records) > self.MAX_RECORDS:
             del records[0]
 
-    def _start_with_pending(self) -> None:
-        """The first match: an empty main tier, every enabled filter in the second, and the
-        main tier's build started (a family's stored filters can be hundreds)."""
-        self._matcher = build_matcher([], engine=self.engine)
-        self._active = []
-        self._pending = self.enabled
-        self._pending_matcher = None
-        self._memo.clear()
-        self._blind_flags = []
-        self._stale = bool(self._pending)
-        self._broken = 0
+    def _start(self) -> None:
+        """The first match. In the background, the main tier starts empty with every enabled
+        filter in the second while it is built (a family's stored filters can be hundreds)."""
+        if not self.background:
+            self._rebuild()
+            return
+        self._install(_Built(build_matcher([], engine=self.engine), {}), [])
         if self._pending:
             self._rebuild()
+
+    def _take_finished_build(self) -> None:
+        if self._building is not None and self._building[0].done():
+            future, snapshot = self._building
+            self._building = None
+            self._install(future.result(), snapshot)
 
     def _rebuild(self) -> None:
         """Build the main tier of every enabled filter: in a thread, or here."""
@@ -498,19 +499,12 @@ class FilterSet:
         patterns = [f.pattern for f in snapshot]
         if self.background:
             self._building = (_builder().submit(_build, patterns, self.engine), snapshot)
-            return
-        done: Future[_Built] = Future()
-        done.set_result(_build(patterns, self.engine))
-        self._building = (done, snapshot)
-        self._take_build()
+        else:
+            self._install(_build(patterns, self.engine), snapshot)
 
-    def _take_build(self) -> None:
-        """The new main tier takes over; what changed while it was built is carried over:
+    def _install(self, built: _Built, snapshot: list[Filter]) -> None:
+        """A main tier built of `snapshot` takes over; what changed since is carried over:
         filters added since wait in the second tier, filters disabled since are masked."""
-        assert self._building is not None
-        future, snapshot = self._building
-        self._building = None
-        built = future.result()
         refused = [snapshot[i] for i in built.refused]
         self._active = [f for i, f in enumerate(snapshot) if i not in built.refused]
         self._matcher = built.matcher
@@ -522,8 +516,8 @@ class FilterSet:
         self._broken = sum(not f.enabled for f in self._active)
         self._stale = bool(self._pending) or self._broken > 0
         self._since = 0
-        for f, index in zip(refused, built.refused, strict=True):
-            self.disable(f, 0, "", built.refused[index])
+        for f, reason in zip(refused, built.refused.values(), strict=True):
+            self.disable(f, 0, "", reason)
 
     def to_json(self) -> dict[str, object]:
         """Plain JSON (no pickle) for storage and reuse by the next job of the family."""
