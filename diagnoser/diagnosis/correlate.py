@@ -98,16 +98,18 @@ def _is_symptom(event: RuleEvent) -> bool:
 
 
 def _strength(event: RuleEvent, fallbacks: frozenset[str]) -> tuple[int, int, int, int, float]:
-    """Sort key: symptoms last; hardware first; specific rules before fallback rules; then
-    root-cause class, real verdicts before escalations, and time."""
+    """Sort key: symptoms last; hardware first; specific rules before fallback rules, and among
+    fallbacks an error report before warning-level evidence (orphan traceback frames, an
+    exception type nobody classified), as for training signals; then root-cause class, real
+    verdicts before escalations, and time."""
     symptom = 1 if _is_symptom(event) else 0
     rank = CLASS_RANK[event.category]
-    if event.rule_id.startswith(SIGNAL_RULE_PREFIX):
+    if event.rule_id.startswith(SIGNAL_RULE_PREFIX) or (
+        event.rule_id in fallbacks and event.category is not Category.HARDWARE
+    ):
         fallback = 2 if event.severity is Severity.WARNING else 1
     else:
-        fallback = (
-            1 if event.rule_id in fallbacks and event.category is not Category.HARDWARE else 0
-        )
+        fallback = 0
     escalates = 1 if event.action is Action.ESCALATE else 0
     return (symptom, fallback, rank, escalates, event.time)
 

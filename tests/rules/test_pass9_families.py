@@ -1,0 +1,230 @@
+"""Pass 9 (issue 11): NCCL's own WARN lines, TensorFlow-era XLA status spellings, the distributed
+client's error callback, DeepSpeed's ssh check, an out-of-memory error wrapped by Ray, and the
+order of two escalations in correlation.
+
+Each failing line is synthetic, written from the format string of its upstream source (named
+next to the pattern in rules/*.yaml) and printed after a few healthy training steps. Each
+healthy line is the harmless neighbour of a failing one (a notice NCCL prints at WARN level and
+carries on after, a status that is not a failure): it must stay silent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from diagnoser.diagnosis.correlate import Status, Verdict
+from diagnoser.rules import Action, Category, RuleSet
+from tests.rules.families import assert_healthy, verdict_of
+
+STEPS = "".join(
+    f"[2026-01-05 10:0{i}:00] step {100 * i}: loss {3.1 - i / 10:.3f}, lr 2.0e-05\n"
+    for i in range(1, 4)
+)
+
+
+def assert_escalates_naming(verdict: Verdict, line: str) -> None:
+    assert verdict.status is Status.INCONCLUSIVE, (verdict.failure_type, verdict.action)
+    assert verdict.action is Action.ESCALATE
+    assert verdict.root is not None
+    assert verdict.root.text.strip() in line
+
+
+NCCL_WARN_ERRORS = {
+    # src/graph/rings.cc, search.cc, paths.cc: a topology NCCL cannot build, then an error return.
+    "ring": "gpu-a:811:902 [3] graph/rings.cc:51 NCCL WARN Error : ring 2 does not loop back to "
+    "start (5 != 3)",
+    "gpu rank": "gpu-a:811:902 [3] graph/search.cc:229 NCCL WARN Could not find gpu rank 9",
+    "p2p disabled on nvlink": "gpu-a:811:902 [3] graph/paths.cc:396 NCCL WARN P2P is disabled "
+    "between NVLINK connected GPUs 1 and 2. This should not be the case given their connectivity, "
+    "and is probably due to a hardware issue. If you still want to proceed, you can set "
+    "NCCL_IGNORE_DISABLED_P2P=1.",
+    # src/enqueue.cc / init.cc argument and state checks.
+    "invalid root": "gpu-a:811:811 [0] enqueue.cc:1940 NCCL WARN Broadcast : invalid root 12 "
+    "(root should be in the 0..7 range)",
+    "comm misuse": "gpu-a:811:811 [0] init.cc:1720 NCCL WARN Attempt to use communicator before "
+    "the previous operation returned ncclSuccess",
+    # The same line without its header (NCCL_DEBUG_FILE, an excerpt that kept only the message).
+    "bare": "NCCL WARN Error : ring 0 does not contain rank 4",
+}
+
+NCCL_WARN_NOTICES = {
+    # WARN() notices NCCL carries on after (src/, RCCL's init hints).
+    "real path": "gpu-a:811:902 [3] misc/utils.cc:30 NCCL WARN Could not find real path of "
+    "/sys/class/net/eth0/device",
+    "collnet": "gpu-a:811:902 [3] transport.cc:200 NCCL WARN Cannot initialize CollNet, using "
+    "point-to-point network instead",
+    "ignored value": "gpu-a:811:902 [3] NCCL WARN NCCL_WORK_FIFO_BYTES=3000 is being ignored "
+    "because it is not a power of 2.",
+    "defaulted value": "gpu-a:811:902 [3] NCCL WARN NCCL_NET_MERGE_POLICY: unknown value 'x', "
+    "defaulting to ALL",
+    "unset": "gpu-a:811:902 [3] NCCL WARN Both NCCL_CTA_POLICY_ZERO and NCCL_CTA_POLICY_EFFICIENCY"
+    " are set in CTAPolicy (3). Unsetting NCCL_CTA_POLICY_ZERO.",
+    "memory manager": "gpu-a:811:902 [3] NCCL WARN MemManager: Suspend not supported, memory "
+    "manager is disabled",
+    "rccl numa": "gpu-a:811:902 [3] init.cc:151 NCCL WARN NUMA auto balancing enabled which can "
+    'lead to variability in the RCCL performance! Disable by "sudo sysctl kernel.numa_balancing=0"',
+    "rccl iommu": 'gpu-a:811:902 [3] init.cc:160 NCCL WARN Missing "iommu=pt" from kernel command '
+    "line which can lead to system instablity or hang!",
+    # The network transport's probes at start-up belong to its own rule, which knows them.
+    "no ip interface": "gpu-a:811:902 [3] transport/net_ib.cc:170 NCCL WARN NET/IB : No IP "
+    "interface found.",
+    "libibverbs": "gpu-a:811:902 [3] NCCL WARN Failed to open libibverbs.so[.1]",
+    "plugin": "gpu-a:811:902 [3] NCCL WARN NET/Plugin : Plugin load returned 2 : libnccl-net.so: "
+    "cannot open shared object file: No such file or directory.",
+    "a net plugin's own notice": "gpu-a:811:902 [3] net_myplugin.cc:210 NCCL WARN Could not read "
+    "the NUMA node of the NIC",
+}
+
+
+@pytest.mark.parametrize("text", NCCL_WARN_ERRORS.values(), ids=list(NCCL_WARN_ERRORS))
+def test_a_nccl_warn_line_no_rule_reads_escalates(pack: RuleSet, tmp_path: Path, text: str) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert_escalates_naming(verdict, text)
+    assert verdict.root is not None
+    assert verdict.root.rule_id == "nccl_warn_unexplained"
+
+
+@pytest.mark.parametrize("text", NCCL_WARN_NOTICES.values(), ids=list(NCCL_WARN_NOTICES))
+def test_a_nccl_warn_notice_stays_silent(pack: RuleSet, tmp_path: Path, text: str) -> None:
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
+
+
+def test_a_transport_warn_is_still_read_by_the_transport_rule(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    line = (
+        "gpu-a:811:902 [3] misc/socket.cc:503 NCCL WARN Net : Call to recv from 10.0.0.2<41011> "
+        "failed : Connection timed out"
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert (verdict.failure_type, verdict.action) == ("nccl_transport_error", Action.RESTART_JOB)
+
+
+def test_a_specific_nccl_rule_outranks_the_warn_catch_all(pack: RuleSet, tmp_path: Path) -> None:
+    lines = "\n".join(
+        [
+            "gpu-a:811:902 [3] graph/rings.cc:51 NCCL WARN Error : ring 2 does not loop back to "
+            "start (5 != 3)",
+            "gpu-a:811:902 [3] enqueue.cc:1085 NCCL WARN Cuda failure 'out of memory'",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, lines)
+    assert (verdict.failure_type, verdict.action) == ("nccl_cuda_oom", Action.NOTIFY_USER)
+
+
+XLA_STATUS_WORDS = {
+    # tensorflow::Status::ToString before absl: error_name() in words, then the message.
+    "internal": "2019-06-01 10:00:00.123456: E tensorflow/compiler/xla/python/"
+    "local_computation_builder.cc:312] Execution of replica 2 failed: Internal: Failed to launch "
+    "CUDA kernel",
+    "invalid argument": "E0101 10:00:00.123456 4242 local_client.cc:180] Execution of replica 1 "
+    "failed: Invalid argument: Argument does not match host shape or layout of computation "
+    "parameter 0",
+    "data loss": "E0101 10:00:00.123456 4242 local_client.cc:180] Execution of replica 0 failed: "
+    "Data loss: Detected corrupted buffer",
+}
+
+
+@pytest.mark.parametrize("text", XLA_STATUS_WORDS.values(), ids=list(XLA_STATUS_WORDS))
+def test_an_xla_execution_failure_in_tensorflow_status_words_escalates(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert_escalates_naming(verdict, text)
+    assert verdict.failure_type == "xla_execution_failed"
+
+
+def test_an_out_of_memory_status_in_words_is_read_as_device_oom(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    line = (
+        "E0101 10:00:00.123456 4242 local_client.cc:180] Execution of replica 0 failed: Resource "
+        "exhausted: Out of memory while trying to allocate 8589934592 bytes."
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert (verdict.failure_type, verdict.action) == ("cuda_oom", Action.NOTIFY_USER)
+
+
+def test_the_distributed_clients_error_callback_escalates_as_an_echo(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    line = (
+        "E0312 08:14:02.551190   40211 client.cc:118] Coordination service agent in error status: "
+        "DEADLINE_EXCEEDED: Deadline Exceeded"
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert_escalates_naming(verdict, line)
+    assert (verdict.failure_type, verdict.category) == ("communicator_aborted", Category.NETWORK)
+
+
+def test_the_echo_yields_to_the_task_that_failed(pack: RuleSet, tmp_path: Path) -> None:
+    echo = (
+        "E0312 08:14:02.551190   40211 client.cc:118] Coordination service agent in error status: "
+        "INTERNAL: another task reported an error"
+    )
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    verdict = verdict_of(pack, tmp_path, STEPS, echo, oom)
+    assert (verdict.failure_type, verdict.action) == ("cuda_oom", Action.NOTIFY_USER)
+
+
+def test_deepspeeds_ssh_check_needs_the_owner(pack: RuleSet, tmp_path: Path) -> None:
+    traceback = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "/usr/local/bin/deepspeed", line 6, in <module>',
+            "    main()",
+            '  File "/usr/local/lib/python3.10/site-packages/deepspeed/launcher/runner.py", '
+            "line 459, in main",
+            "    raise RuntimeError(",
+            "RuntimeError: Using hostfile at /job/hostfile but host=worker-1 was not reachable via "
+            "ssh. If you are running with a single node please remove /job/hostfile or setup "
+            "passwordless ssh.",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, traceback)
+    assert verdict.root is not None
+    assert verdict.root.rule_id == "launcher_ssh_failure"
+    assert verdict.action is Action.NOTIFY_USER
+
+
+def test_an_out_of_memory_error_raised_in_a_ray_task_needs_the_owner(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    lines = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "/workspace/main.py", line 40, in <module>',
+            "    ray.get(runner.run.remote(config))",
+            "ray.exceptions.RayTaskError(OutOfMemoryError): ray::TaskRunner.run() (pid=4411, "
+            "ip=10.0.0.2, actor_id=9f1c)",
+            '  File "/workspace/trainer.py", line 210, in fit',
+            "    loss.backward()",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, lines)
+    assert (verdict.category, verdict.action) == (Category.RESOURCE, Action.NOTIFY_USER)
+
+
+def test_another_error_raised_in_a_ray_task_still_escalates(pack: RuleSet, tmp_path: Path) -> None:
+    line = "ray.exceptions.RayTaskError(RuntimeError): ray::train_fn() (pid=4411, ip=10.0.0.2)"
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert verdict.action is Action.ESCALATE
+
+
+def test_an_aborted_communicator_outranks_orphan_frames(pack: RuleSet, tmp_path: Path) -> None:
+    """Both escalate; the one that read an error report names the category, not the frames."""
+    lines = "\n".join(
+        [
+            '  File "/workspace/train.py", line 88, in train_step',
+            "    dist.all_reduce(grad)",
+            '  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/c10d_logger.py", '
+            "line 75, in wrapper",
+            "    return func(*args, **kwargs)",
+            "RuntimeError: NCCL communicator was aborted on rank 3.",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, lines)
+    assert verdict.action is Action.ESCALATE
+    assert (verdict.failure_type, verdict.category) == ("communicator_aborted", Category.NETWORK)
