@@ -32,6 +32,13 @@ TRIGGERS: dict[Unit, tuple[str, ...]] = {
         "internal error - please report this issue",
     ),
     Unit.ECC_SECTION: ("Double Bit",),
+    Unit.QUERY_CSV: (
+        "gpu_recovery_action",
+        "reset_status.",
+        "remapped_rows.",
+        "retired_pages.",
+        "ecc.errors.uncorrected.",
+    ),
 }
 """Literal anchors that open a block, fed to the prefilter next to the rules' anchors."""
 
@@ -79,6 +86,9 @@ MAX_TRACEBACK_NOISE = 20
 MAX_CHILD_FAILED_LINES = 200
 MAX_NCCL_LINES = 12
 MAX_ECC_SECTION_LINES = 12
+MAX_QUERY_ROWS = 64
+_QUERY_FIELD = regex.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*(?: \[[^\]]+\])?$")
+"""A column of `nvidia-smi --format=csv`'s header: a query field, with its unit unless `nounits`."""
 
 
 def strip_prefix(line: str) -> str:
@@ -318,6 +328,60 @@ class EccSectionAssembler(Assembler):
         )
 
 
+def _csv_cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().split(",")]
+
+
+def _query_header(line: str) -> list[str] | None:
+    cells = _csv_cells(line)
+    if len(cells) < 1 or not all(_QUERY_FIELD.match(cell) for cell in cells):
+        return None
+    return [regex.sub(r" \[[^\]]+\]$", "", cell) for cell in cells]
+
+
+@dataclass(slots=True)
+class QueryCsvAssembler(Assembler):
+    """`nvidia-smi --query-gpu=index,gpu_recovery_action --format=csv` prints a header of the
+    field names, then one row per GPU (`1, Reset`): a value means something only under its
+    column, which a line rule cannot see. This block holds the rows under such a header, up to
+    the first line with another number of cells. A line that merely names a field (the command
+    line itself, `--query-gpu=...`) is no header and opens nothing that finishes."""
+
+    columns: list[str] | None = None
+
+    def offer(self, line: str, offset: int, line_no: int) -> Verdict:
+        if self.columns is None:
+            self.columns = _query_header(self.lines[0]) or []
+        if not self.columns or len(self.lines) > MAX_QUERY_ROWS:
+            return Verdict.CLOSE_WITHOUT
+        cells = _csv_cells(line)
+        if len(cells) == len(self.columns) and not _query_header(line):
+            self.lines.append(line)
+            return Verdict.CONTINUE
+        return Verdict.CLOSE_WITHOUT
+
+    def finish(self) -> Block | None:
+        columns = _query_header(self.lines[0])
+        rows = [_csv_cells(line) for line in self.lines[1:]]
+        if columns is None or not rows:
+            return None
+        text: list[str] = []
+        for number, row in enumerate(rows):
+            gpu = row[columns.index("index")] if "index" in columns else str(number)
+            text.extend(
+                f"[gpu {gpu}] {column}: {value}" for column, value in zip(columns, row, strict=True)
+            )
+        return Block(
+            unit=self.unit,
+            text="\n".join(text),
+            lines=self.lines,
+            entities={"fields": ",".join(columns)},
+            offset=self.offset,
+            line_no=self.line_no,
+            evidence=tuple(self.lines),
+        )
+
+
 def cpp_backtrace_line(line: str) -> int:
     """0 if the line is no part of a C++ backtrace, 1 for its `Exception raised from ...`
     header, 2 for a `frame #N:` line."""
@@ -369,6 +433,7 @@ _KINDS: dict[Unit, type[Assembler]] = {
     Unit.CHILD_FAILED: ChildFailedAssembler,
     Unit.NCCL_ERROR: NcclErrorAssembler,
     Unit.ECC_SECTION: EccSectionAssembler,
+    Unit.QUERY_CSV: QueryCsvAssembler,
 }
 
 

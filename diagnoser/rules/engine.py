@@ -35,7 +35,13 @@ if TYPE_CHECKING:
 _TIMESTAMP = regex.compile(
     r"(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,6})\d*)?\s?(Z|[+-]\d{2}:?\d{2})?"
 )
-_TRIGGER_ORDER = (Unit.CHILD_FAILED, Unit.NCCL_ERROR, Unit.TRACEBACK, Unit.ECC_SECTION)
+_TRIGGER_ORDER = (
+    Unit.CHILD_FAILED,
+    Unit.NCCL_ERROR,
+    Unit.TRACEBACK,
+    Unit.ECC_SECTION,
+    Unit.QUERY_CSV,
+)
 
 StreamKey = tuple[str, int | None]
 

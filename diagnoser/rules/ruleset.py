@@ -30,6 +30,7 @@ _BLOCK_ENTITIES: dict[Unit, frozenset[str]] = {
     ),
     Unit.NCCL_ERROR: frozenset({"last_error", "nccl_version"}),
     Unit.ECC_SECTION: frozenset({"section"}),
+    Unit.QUERY_CSV: frozenset({"fields"}),
 }
 
 

@@ -58,6 +58,9 @@ class Unit(StrEnum):
     ECC_SECTION = "ecc_section"
     """The counters of an `nvidia-smi -q` ECC section under its `Double Bit` header (the
     pre-R450 layout, where a count's meaning is in the header above it), as `Field: value`."""
+    QUERY_CSV = "query_csv"
+    """The rows of `nvidia-smi --query-gpu=<fields> --format=csv` under their header (a value's
+    meaning is in its column), as one `[gpu <index>] <field>: <value>` line per cell."""
 
 
 _FT = tuple[Category, Action]

@@ -242,7 +242,13 @@ class Guard:
         return out
 
 
-_TRIGGER_ORDER = (Unit.CHILD_FAILED, Unit.NCCL_ERROR, Unit.TRACEBACK, Unit.ECC_SECTION)
+_TRIGGER_ORDER = (
+    Unit.CHILD_FAILED,
+    Unit.NCCL_ERROR,
+    Unit.TRACEBACK,
+    Unit.ECC_SECTION,
+    Unit.QUERY_CSV,
+)
 
 
 def _trigger(line: str) -> Unit | None:

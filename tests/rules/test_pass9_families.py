@@ -228,3 +228,57 @@ def test_an_aborted_communicator_outranks_orphan_frames(pack: RuleSet, tmp_path:
     verdict = verdict_of(pack, tmp_path, STEPS, lines)
     assert verdict.action is Action.ESCALATE
     assert (verdict.failure_type, verdict.category) == ("communicator_aborted", Category.NETWORK)
+
+
+QUERY_TABLES_CORDON = {
+    "recovery reset": "index, name, gpu_recovery_action\n0, NVIDIA H100 80GB HBM3, None\n"
+    "1, NVIDIA H100 80GB HBM3, Reset",
+    "recovery reboot": "index, gpu_recovery_action\n0, Reboot",
+    "reset required": "index, reset_status.reset_required, reset_status.drain_and_reset_recommended"
+    "\n0, No, No\n3, Yes, No",
+    "drain and reset recommended": "index, reset_status.reset_required, "
+    "reset_status.drain_and_reset_recommended\n0, No, Yes",
+    "remap failed": "index, remapped_rows.pending, remapped_rows.failure\n0, No, No\n5, Yes, Yes",
+    "volatile uncorrectable": "index, ecc.errors.uncorrected.volatile.total [count], "
+    "ecc.errors.uncorrected.aggregate.total [count]\n0, 0, 0\n2, 4, 4",
+}
+
+QUERY_TABLES_HEALTHY = {
+    "no recovery needed": "index, gpu_recovery_action\n0, None\n1, None",
+    "remap pending alone": "index, remapped_rows.pending, remapped_rows.failure\n0, Yes, No",
+    "lifetime count only": "index, ecc.errors.uncorrected.volatile.total, "
+    "ecc.errors.uncorrected.aggregate.total\n0, 0, 12",
+    "not supported": "index, ecc.errors.uncorrected.volatile.total\n0, [N/A]",
+    "the command line alone": "nvidia-smi --query-gpu=index,gpu_recovery_action --format=csv",
+    # Without a header a value has no column; nothing says what `Reset` is a value of.
+    "noheader": "0, None\n1, Reset",
+}
+
+
+@pytest.mark.parametrize("text", QUERY_TABLES_CORDON.values(), ids=list(QUERY_TABLES_CORDON))
+def test_a_query_gpu_table_that_needs_a_reset_cordons_its_node(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert verdict.action is Action.CORDON_NODE_AND_RESTART, verdict.failure_type
+    assert verdict.culprit_nodes == ("node-0",)
+    assert verdict.category is Category.HARDWARE
+
+
+@pytest.mark.parametrize("text", QUERY_TABLES_HEALTHY.values(), ids=list(QUERY_TABLES_HEALTHY))
+def test_a_query_gpu_table_with_nothing_to_do_stays_silent(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
+
+
+def test_a_drain_p2p_recovery_is_for_a_person(pack: RuleSet, tmp_path: Path) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, "index, gpu_recovery_action\n0, Drain P2P")
+    assert (verdict.failure_type, verdict.action) == ("gpu_recovery_action", Action.ESCALATE)
+
+
+def test_only_the_node_that_printed_the_table_is_cordoned(pack: RuleSet, tmp_path: Path) -> None:
+    bad = "index, gpu_recovery_action\n0, None\n1, Reset"
+    good = "index, gpu_recovery_action\n0, None\n1, None"
+    verdict = verdict_of(pack, tmp_path, STEPS, good, bad, good)
+    assert verdict.culprit_nodes == ("node-1",)

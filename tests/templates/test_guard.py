@@ -205,3 +205,16 @@ def test_hyperscan_guard_finds_failure_lines_wherever_they_sit_in_the_chunk() ->
         assert plain.single(["x" * width]) == fast.single(["x" * width]) == {}
         for line, wanted in zip(examples, expected, strict=True):
             assert fast.single(["x" * width, line]) == wanted, (width, line)
+
+
+def test_the_rows_of_a_query_gpu_table_are_kept_with_their_header() -> None:
+    """A row (`1, Reset`) says nothing alone; the guard keeps it because its header opened the
+    block, whatever a filter learned about short comma-separated lines."""
+    guard = Guard(pack())
+    state = GuardState()
+    kept = guard.scan(
+        ["step 1 ok", "index, gpu_recovery_action", "0, None", "1, Reset", "step 2 ok"], state
+    )
+    assert {1, 2, 3} <= set(kept)
+    assert kept[3] is GuardReason.BLOCK
+    assert 4 not in kept
