@@ -282,3 +282,58 @@ def test_only_the_node_that_printed_the_table_is_cordoned(pack: RuleSet, tmp_pat
     good = "index, gpu_recovery_action\n0, None\n1, None"
     verdict = verdict_of(pack, tmp_path, STEPS, good, bad, good)
     assert verdict.culprit_nodes == ("node-1",)
+
+
+def test_a_bus_error_under_gdb_in_nccls_shared_memory_needs_a_bigger_shm(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    lines = "\n".join(
+        [
+            'Thread 412 "python3" received signal SIGBUS, Bus error.',
+            "(gdb) bt",
+            "#0  0x00007f2a1c0e4f3b in ncclShmOpen(char*, unsigned long, void**, void**, int, "
+            "void**) () from /usr/lib/x86_64-linux-gnu/libnccl.so.2",
+            "#1  0x00007f2a1c0e36d7 in ncclProxyService(void*) () from "
+            "/usr/lib/x86_64-linux-gnu/libnccl.so.2",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, lines)
+    assert (verdict.failure_type, verdict.action) == ("nccl_shm_error", Action.NOTIFY_USER)
+
+
+def test_a_crash_gdb_reports_elsewhere_escalates(pack: RuleSet, tmp_path: Path) -> None:
+    line = 'Thread 87 "python3" received signal SIGSEGV, Segmentation fault.'
+    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, line), line)
+
+
+def test_ctrl_c_under_gdb_stays_silent(pack: RuleSet, tmp_path: Path) -> None:
+    line = 'Thread 1 "python3" received signal SIGINT, Interrupt.'
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, line))
+
+
+def test_open_mpis_peer_hangup_escalates(pack: RuleSet, tmp_path: Path) -> None:
+    text = "\n".join(
+        [
+            "-" * 74,
+            "An MPI communication peer process has unexpectedly disconnected.  This",
+            "usually indicates a failure in the peer process (e.g., a crash or",
+            "otherwise exiting without calling MPI_FINALIZE first).",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert_escalates_naming(verdict, text)
+    assert verdict.failure_type == "abnormal_exit"
+
+
+def test_torch_loads_weights_only_refusal_needs_the_owner(pack: RuleSet, tmp_path: Path) -> None:
+    line = (
+        "_pickle.UnpicklingError: Weights only load failed. This file can still be loaded, to do "
+        "so you have two options, do those steps only if you trust the source of the checkpoint."
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert (verdict.category, verdict.action) == (Category.USER_CODE, Action.NOTIFY_USER)
+
+
+def test_another_unpickling_error_still_escalates(pack: RuleSet, tmp_path: Path) -> None:
+    line = "_pickle.UnpicklingError: invalid load key, '\\x00'."
+    assert verdict_of(pack, tmp_path, STEPS, line).action is Action.ESCALATE
