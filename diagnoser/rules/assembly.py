@@ -42,6 +42,16 @@ TRIGGERS: dict[Unit, tuple[str, ...]] = {
 }
 """Literal anchors that open a block, fed to the prefilter next to the rules' anchors."""
 
+TRIGGER_ORDER = (
+    Unit.CHILD_FAILED,
+    Unit.NCCL_ERROR,
+    Unit.TRACEBACK,
+    Unit.ECC_SECTION,
+    Unit.QUERY_CSV,
+)
+"""Which unit a line holding several units' triggers opens (a ChildFailedError report's
+header also reads as an exception line)."""
+
 HEADLESS_ANCHORS = ("Error: ", "Exception: ")
 """Literal anchors of a traceback's last line seen without its header (see `headless_exception`)."""
 

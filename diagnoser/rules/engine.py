@@ -14,6 +14,7 @@ import regex
 
 from diagnoser.ingest.framing import LineBatch
 from diagnoser.rules.assembly import (
+    TRIGGER_ORDER,
     Assembler,
     Block,
     ChildFailedAssembler,
@@ -34,13 +35,6 @@ if TYPE_CHECKING:
 
 _TIMESTAMP = regex.compile(
     r"(\d{4}-\d{2}-\d{2})[T ](\d{2}:\d{2}:\d{2})(?:[.,](\d{1,6})\d*)?\s?(Z|[+-]\d{2}:?\d{2})?"
-)
-_TRIGGER_ORDER = (
-    Unit.CHILD_FAILED,
-    Unit.NCCL_ERROR,
-    Unit.TRACEBACK,
-    Unit.ECC_SECTION,
-    Unit.QUERY_CSV,
 )
 
 StreamKey = tuple[str, int | None]
@@ -255,7 +249,7 @@ class JobScanner:
         out.extend(events)
 
         if mask & self.ruleset.trigger_mask and verdict is not Verdict.CONTINUE:
-            for unit in _TRIGGER_ORDER:
+            for unit in TRIGGER_ORDER:
                 if mask & self.ruleset.trigger_bits[unit]:
                     blocks[rank] = open_block(unit, line, offset, line_no, preceding)
                     break

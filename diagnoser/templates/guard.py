@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from diagnoser.rules import hyperscan_db
-from diagnoser.rules.assembly import TRIGGERS, Assembler, Verdict, open_block
+from diagnoser.rules.assembly import TRIGGER_ORDER, TRIGGERS, Assembler, Verdict, open_block
 from diagnoser.rules.prefilter import Prefilter, merge
 from diagnoser.rules.ruleset import RuleSet
 from diagnoser.rules.schema import Unit
@@ -242,17 +242,8 @@ class Guard:
         return out
 
 
-_TRIGGER_ORDER = (
-    Unit.CHILD_FAILED,
-    Unit.NCCL_ERROR,
-    Unit.TRACEBACK,
-    Unit.ECC_SECTION,
-    Unit.QUERY_CSV,
-)
-
-
 def _trigger(line: str) -> Unit | None:
-    for unit in _TRIGGER_ORDER:
+    for unit in TRIGGER_ORDER:
         if any(literal in line for literal in TRIGGERS[unit]):
             return unit
     return None
