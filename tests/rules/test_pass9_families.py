@@ -337,3 +337,58 @@ def test_torch_loads_weights_only_refusal_needs_the_owner(pack: RuleSet, tmp_pat
 def test_another_unpickling_error_still_escalates(pack: RuleSet, tmp_path: Path) -> None:
     line = "_pickle.UnpicklingError: invalid load key, '\\x00'."
     assert verdict_of(pack, tmp_path, STEPS, line).action is Action.ESCALATE
+
+
+STARTUP_9C = {
+    # torch/amp/autocast_mode.py
+    "bf16 autocast": "RuntimeError: Current CUDA Device does not support bfloat16. Please switch "
+    "dtype to float16.",
+    # paddle's dynamic loader, cuDNN 8's loader, JAX's CUDA library version check
+    "paddle dynload": "W0101 10:00:00.000000 4242 dynamic_loader.cc:305] The third-party dynamic "
+    "library (libnccl.so) that Paddle depends on is not configured correctly. (error code is "
+    "libnccl.so: cannot open shared object file: No such file or directory)",
+    "cudnn loader": "Could not load library libcudnn_ops_infer.so.8. Error: "
+    "libcudnn_ops_infer.so.8: cannot open shared object file: No such file or directory",
+    "jax version check": "CUDA backend failed to initialize: Found cuDNN version 8600, but JAX was "
+    "built against version 8800, which is newer. The copy of cuDNN that is installed must be at "
+    "least as new as the version against which JAX was built.",
+    # horovod's NCCLContext::ErrorCheck
+    "horovod nccl invalid usage": "horovod.common.exceptions.HorovodInternalError: "
+    "ncclCommInitRank failed: invalid usage",
+    # ATen/Dispatch.h
+    "dtype without a kernel": "RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'",
+}
+
+
+@pytest.mark.parametrize("text", STARTUP_9C.values(), ids=list(STARTUP_9C))
+def test_a_start_up_or_configuration_failure_needs_the_owner(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert (verdict.category, verdict.action) == (Category.USER_CODE, Action.NOTIFY_USER)
+    assert verdict.root is not None
+    assert verdict.root.text.strip() in text
+
+
+def test_an_optional_paddle_library_that_is_missing_stays_silent(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    line = (
+        "W0101 10:00:00.000000 4242 dynamic_loader.cc:305] The third-party dynamic library "
+        "(libcupti.so.11.2) that Paddle depends on is not configured correctly. (error code is "
+        "libcupti.so.11.2: cannot open shared object file: No such file or directory)"
+    )
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, line))
+
+
+def test_a_fabric_manager_that_is_not_running_is_read_when_torch_raises_it(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    line = (
+        "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions "
+        "before calling NumCudaDevices() that might have already set an error? Error 802: system "
+        "not yet initialized"
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert verdict.root is not None
+    assert verdict.root.rule_id == "fabric_not_ready"
