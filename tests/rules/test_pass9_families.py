@@ -392,3 +392,22 @@ def test_a_fabric_manager_that_is_not_running_is_read_when_torch_raises_it(
     verdict = verdict_of(pack, tmp_path, STEPS, line)
     assert verdict.root is not None
     assert verdict.root.rule_id == "fabric_not_ready"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "MemoryError: std::bad_alloc",
+        'Traceback (most recent call last):\n  File "/workspace/data.py", line 41, in load\n'
+        "    buf = f.read()\nMemoryError",
+    ],
+    ids=["bad_alloc", "bare"],
+)
+def test_pythons_own_memory_error_is_the_hosts(pack: RuleSet, tmp_path: Path, text: str) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert (verdict.failure_type, verdict.action) == ("host_oom", Action.NOTIFY_USER)
+
+
+def test_a_memory_error_the_job_retries_past_stays_silent(pack: RuleSet, tmp_path: Path) -> None:
+    line = "Caught MemoryError, retrying with a smaller batch"
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, line))
