@@ -45,6 +45,13 @@ NCCL_WARN_ERRORS = {
     "(root should be in the 0..7 range)",
     "comm misuse": "gpu-a:811:811 [0] init.cc:1720 NCCL WARN Attempt to use communicator before "
     "the previous operation returned ncclSuccess",
+    # src/mnnvl.cc and graph/topo.cc: they read like hints but return ncclSystemError and
+    # ncclInvalidUsage.
+    "mnnvl": "gpu-a:811:902 [3] mnnvl.cc:86 NCCL WARN MNNVL (cliqueSize 4) is available but not "
+    "working on this system. Check the IMEX configuration (nvidia-imex-ctl -N). Set "
+    "NCCL_MNNVL_ENABLE=0 to ignore this issue.",
+    "fused nic": "gpu-a:811:902 [3] graph/topo.cc:1341 NCCL WARN TOPO/NET : Only matched 1 devices, "
+    "2 requested from mlx5_0+mlx5_1",
     # The same line without its header (NCCL_DEBUG_FILE, an excerpt that kept only the message).
     "bare": "NCCL WARN Error : ring 0 does not contain rank 4",
 }
