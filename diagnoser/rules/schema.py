@@ -99,6 +99,7 @@ FAILURE_TYPES: dict[str, _FT] = {
     "memlock_limit": (Category.RESOURCE, Action.NOTIFY_USER),
     "ephemeral_storage_eviction": (Category.RESOURCE, Action.NOTIFY_USER),
     "time_limit": (Category.RESOURCE, Action.NOTIFY_USER),
+    "preempted": (Category.RESOURCE, Action.RESTART_JOB),
     "unschedulable": (Category.RESOURCE, Action.NOTIFY_USER),
     "nccl_cuda_oom": (Category.RESOURCE, Action.NOTIFY_USER),
     "cuda_oom": (Category.RESOURCE, Action.NOTIFY_USER),

@@ -50,8 +50,8 @@ NCCL_WARN_ERRORS = {
     "mnnvl": "gpu-a:811:902 [3] mnnvl.cc:86 NCCL WARN MNNVL (cliqueSize 4) is available but not "
     "working on this system. Check the IMEX configuration (nvidia-imex-ctl -N). Set "
     "NCCL_MNNVL_ENABLE=0 to ignore this issue.",
-    "fused nic": "gpu-a:811:902 [3] graph/topo.cc:1341 NCCL WARN TOPO/NET : Only matched 1 devices, "
-    "2 requested from mlx5_0+mlx5_1",
+    "fused nic": "gpu-a:811:902 [3] graph/topo.cc:1341 NCCL WARN TOPO/NET : Only matched 1 "
+    "devices, 2 requested from mlx5_0+mlx5_1",
     # The same line without its header (NCCL_DEBUG_FILE, an excerpt that kept only the message).
     "bare": "NCCL WARN Error : ring 0 does not contain rank 4",
 }
@@ -418,3 +418,52 @@ def test_pythons_own_memory_error_is_the_hosts(pack: RuleSet, tmp_path: Path, te
 def test_a_memory_error_the_job_retries_past_stays_silent(pack: RuleSet, tmp_path: Path) -> None:
     line = "Caught MemoryError, retrying with a smaller batch"
     assert_healthy(verdict_of(pack, tmp_path, STEPS, line))
+
+
+PREEMPTED = {
+    "slurm": "slurmstepd: error: *** JOB 4412 ON gpu-node-09 CANCELLED AT 2024-05-01T10:22:01 "
+    "DUE TO PREEMPTION ***",
+    "scontrol": "JobId=4412 JobName=train UserId=alice(1000) JobState=PREEMPTED Reason=None",
+    "kubelet": "  Warning  Preempting  1m  kubelet  Preempted in order to admit critical pod",
+    "kube-scheduler": "    reason: PreemptionByScheduler",
+}
+
+
+@pytest.mark.parametrize("text", PREEMPTED.values(), ids=list(PREEMPTED))
+def test_a_preempted_job_resumes_from_its_checkpoint(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert (verdict.failure_type, verdict.action) == ("preempted", Action.RESTART_JOB)
+
+
+def test_a_newer_xla_barrier_timeout_is_a_rendezvous_failure(pack: RuleSet, tmp_path: Path) -> None:
+    line = (
+        "jax.errors.JaxRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Id: "
+        "PjRT_Client_Connect. This usually happens because a task triggered the barrier too "
+        "early or too slowly."
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert (verdict.failure_type, verdict.action) == ("rendezvous_error", Action.RESTART_JOB)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "  Warning  NodeNotReady  1m  node-controller  Node is not ready",
+        "Status: Failed, Reason: NodeLost",
+    ],
+    ids=["node not ready", "node lost"],
+)
+def test_a_pod_that_lost_its_node_escalates(pack: RuleSet, tmp_path: Path, text: str) -> None:
+    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, text), text)
+
+
+def test_retries_that_ran_out_are_a_failure_not_a_retry(pack: RuleSet, tmp_path: Path) -> None:
+    line = (
+        "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='hub.example', port=443): "
+        "Max retries exceeded with url: /model/config.json (Caused by NewConnectionError('Failed "
+        "to establish a new connection: [Errno 101] Network is unreachable'))"
+    )
+    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, line), line)
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, "ConnectionError: retrying in 5s"))
