@@ -17,7 +17,7 @@ from diagnoser.rules.schema import Unit
 
 TRIGGERS: dict[Unit, tuple[str, ...]] = {
     Unit.TRACEBACK: ("Traceback (most recent call last)",),
-    Unit.CHILD_FAILED: ("ChildFailedError",),
+    Unit.CHILD_FAILED: ("ChildFailedError", "Root Cause (first observed failure)"),
     Unit.NCCL_ERROR: (
         "NCCL error",
         "NCCL Error",
@@ -453,4 +453,8 @@ def open_block(
     """Start a block on its trigger line."""
     assembler = _KINDS[unit](unit=unit, offset=offset, line_no=line_no, preceding=preceding)
     assembler.lines.append(line)
+    if isinstance(assembler, ChildFailedAssembler) and strip_prefix(line).startswith("Root Cause"):
+        # torch elastic's report cut above its root-cause section (an excerpt, a shipper that
+        # split the record): the section still says which rank failed and how.
+        assembler.in_root_cause = True
     return assembler

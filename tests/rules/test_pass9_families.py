@@ -467,3 +467,30 @@ def test_retries_that_ran_out_are_a_failure_not_a_retry(pack: RuleSet, tmp_path:
     )
     assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, line), line)
     assert_healthy(verdict_of(pack, tmp_path, STEPS, "ConnectionError: retrying in 5s"))
+
+
+def test_an_elastic_report_cut_above_its_root_cause_still_names_the_failed_rank(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    """torch elastic's summary with its `ChildFailedError` header and `FAILED` line cut off."""
+    report = "\n".join(
+        [
+            "Root Cause (first observed failure):",
+            "[0]:",
+            "  time      : 2026-02-18_10:00:00",
+            "  host      : worker-3",
+            "  rank      : 11 (local_rank: 3)",
+            "  exitcode  : 1 (pid: 5277)",
+            "  error_file: <N/A>",
+            "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, report)
+    assert (verdict.failure_type, verdict.action) == ("worker_process_failed", Action.ESCALATE)
+    assert verdict.culprit_nodes == ("worker-3",)
+
+
+def test_a_cuda_check_macros_capitalised_oom_needs_the_owner(pack: RuleSet, tmp_path: Path) -> None:
+    line = "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62"
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert (verdict.failure_type, verdict.action) == ("cuda_oom", Action.NOTIFY_USER)
