@@ -33,3 +33,11 @@ def assert_family_verdict(verdict: Verdict, failure_type: str, action: Action) -
 
 def assert_healthy(verdict: Verdict) -> None:
     assert verdict.status is Status.HEALTHY, (verdict.failure_type, verdict.action)
+
+
+def assert_escalates_naming(verdict: Verdict, line: str) -> None:
+    """Inconclusive and escalated, with the line that made it so as the root's evidence."""
+    assert verdict.status is Status.INCONCLUSIVE, (verdict.failure_type, verdict.action)
+    assert verdict.action is Action.ESCALATE
+    assert verdict.root is not None
+    assert verdict.root.text.strip() in line

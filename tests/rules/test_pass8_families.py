@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.diagnosis.correlate import Status, Verdict
+from diagnoser.diagnosis.correlate import Verdict
 from diagnoser.rules import Action, RuleSet
-from tests.rules.families import assert_healthy, verdict_of
+from tests.rules.families import assert_escalates_naming, assert_healthy, verdict_of
 
 STEPS = "".join(
     f"{{'loss': {2.4 - i / 10:.4f}, 'grad_norm': 0.81, 'learning_rate': 1.9e-05, "
@@ -30,13 +30,6 @@ def assert_notifies_naming(verdict: Verdict, failure_type: str, text: str) -> No
     assert (verdict.failure_type, verdict.action) == (failure_type, Action.NOTIFY_USER)
     assert verdict.root is not None
     assert verdict.root.text.strip() in text
-
-
-def assert_escalates_naming(verdict: Verdict, line: str) -> None:
-    assert verdict.status is Status.INCONCLUSIVE, (verdict.failure_type, verdict.action)
-    assert verdict.action is Action.ESCALATE
-    assert verdict.root is not None
-    assert verdict.root.text.strip() in line
 
 
 LAUNCHER_EXITS = {

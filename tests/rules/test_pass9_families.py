@@ -14,21 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from diagnoser.diagnosis.correlate import Status, Verdict
 from diagnoser.rules import Action, Category, RuleSet
-from tests.rules.families import assert_healthy, verdict_of
+from tests.rules.families import assert_escalates_naming, assert_healthy, verdict_of
 
 STEPS = "".join(
     f"[2026-01-05 10:0{i}:00] step {100 * i}: loss {3.1 - i / 10:.3f}, lr 2.0e-05\n"
     for i in range(1, 4)
 )
-
-
-def assert_escalates_naming(verdict: Verdict, line: str) -> None:
-    assert verdict.status is Status.INCONCLUSIVE, (verdict.failure_type, verdict.action)
-    assert verdict.action is Action.ESCALATE
-    assert verdict.root is not None
-    assert verdict.root.text.strip() in line
 
 
 NCCL_WARN_ERRORS = {
