@@ -486,3 +486,40 @@ def test_a_cuda_check_macros_capitalised_oom_needs_the_owner(pack: RuleSet, tmp_
     line = "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62"
     verdict = verdict_of(pack, tmp_path, STEPS, line)
     assert (verdict.failure_type, verdict.action) == ("cuda_oom", Action.NOTIFY_USER)
+
+
+TRUNCATED_DATA = {
+    "parquet footer": "pyarrow.lib.ArrowInvalid: Parquet magic bytes not found in footer. Either "
+    "the file is corrupted or this is not a parquet file.",
+    "zip": "zipfile.BadZipFile: File is not a zip file",
+    "zip header": "zipfile.BadZipFile: Truncated file header",
+    "tar shard": "tarfile.ReadError: unexpected end of data",
+}
+
+
+@pytest.mark.parametrize("text", TRUNCATED_DATA.values(), ids=list(TRUNCATED_DATA))
+def test_a_data_or_archive_file_cut_short_is_a_storage_question(
+    pack: RuleSet, tmp_path: Path, text: str
+) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert_escalates_naming(verdict, text)
+    assert (verdict.failure_type, verdict.category) == ("storage_io_error", Category.STORAGE)
+
+
+def test_an_arrow_data_error_is_never_silent(pack: RuleSet, tmp_path: Path) -> None:
+    line = (
+        "pyarrow.lib.ArrowInvalid: Column 2 named input_ids expected length 1000 but got length 999"
+    )
+    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, line), line)
+
+
+def test_a_checkpoint_that_is_still_an_lfs_pointer_needs_the_owner(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, "_pickle.UnpicklingError: invalid load key, 'v'.")
+    assert (verdict.failure_type, verdict.action) == ("startup_error", Action.NOTIFY_USER)
+
+
+def test_enomem_from_the_kernel_is_a_host_oom(pack: RuleSet, tmp_path: Path) -> None:
+    verdict = verdict_of(pack, tmp_path, STEPS, "OSError: [Errno 12] Cannot allocate memory")
+    assert (verdict.failure_type, verdict.action) == ("host_oom", Action.NOTIFY_USER)
