@@ -523,3 +523,26 @@ def test_a_checkpoint_that_is_still_an_lfs_pointer_needs_the_owner(
 def test_enomem_from_the_kernel_is_a_host_oom(pack: RuleSet, tmp_path: Path) -> None:
     verdict = verdict_of(pack, tmp_path, STEPS, "OSError: [Errno 12] Cannot allocate memory")
     assert (verdict.failure_type, verdict.action) == ("host_oom", Action.NOTIFY_USER)
+
+
+def test_an_exception_that_points_at_a_warning_above_is_still_an_exception(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    line = (
+        "tensorflow.python.framework.errors_impl.UnknownError: Failed to get convolution "
+        "algorithm. This is probably because cuDNN failed to initialize, so try looking to see if "
+        "a warning log message was printed above."
+    )
+    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, line), line)
+
+
+def test_one_megatron_interval_with_nan_iterations_escalates(pack: RuleSet, tmp_path: Path) -> None:
+    bad = (
+        " iteration      500/  100000 | consumed samples:       256000 | loss scale: 1.0 | "
+        "number of skipped iterations:  10 | number of nan iterations:  10 |"
+    )
+    good = bad.replace("nan iterations:  10", "nan iterations:   0").replace(
+        "skipped iterations:  10", "skipped iterations:   0"
+    )
+    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, bad), bad)
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, good))
