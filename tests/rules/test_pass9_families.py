@@ -546,3 +546,28 @@ def test_one_megatron_interval_with_nan_iterations_escalates(pack: RuleSet, tmp_
     )
     assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, bad), bad)
     assert_healthy(verdict_of(pack, tmp_path, STEPS, good))
+
+
+def test_a_hub_server_error_is_a_passing_object_store_fault(pack: RuleSet, tmp_path: Path) -> None:
+    line = (
+        "huggingface_hub.utils._errors.HfHubHTTPError: 502 Server Error: Bad Gateway for url: "
+        "https://huggingface.co/datasets/org/corpus/resolve/main/train-00017-of-01024.parquet"
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert (verdict.failure_type, verdict.action) == ("object_store_error", Action.RESTART_JOB)
+
+
+def test_an_ipython_traceback_cut_before_its_last_line_escalates(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    text = "\n".join(
+        [
+            "-" * 75,
+            "ArrowInvalid                              Traceback (most recent call last)",
+            "Input In [22], in <cell line: 7>()",
+            "----> 7 data = load_dataset('parquet', data_files=url, split='train')",
+        ]
+    )
+    verdict = verdict_of(pack, tmp_path, STEPS, text)
+    assert verdict.action is Action.ESCALATE
+    assert verdict.failure_type == "unexplained_traceback"
