@@ -281,7 +281,11 @@ class CuttingProxy:
 
     def _accept(self) -> None:
         while not self._closing:
-            readable, _, _ = select.select([self.listener], [], [], 0.1)
+            try:
+                readable, _, _ = select.select([self.listener], [], [], 0.1)
+            except (OSError, ValueError):
+                # close() shut the listener between the loop's check and the select.
+                return
             if not readable or self._closing:
                 continue
             try:
