@@ -97,7 +97,7 @@ MAX_CHILD_FAILED_LINES = 200
 MAX_NCCL_LINES = 12
 MAX_ECC_SECTION_LINES = 12
 MAX_QUERY_ROWS = 64
-_QUERY_FIELD = regex.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*(?: \[[^\]]+\])?$")
+_QUERY_FIELD = regex.compile(r"^(?P<name>[a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*)(?: \[[^\]]+\])?$")
 """A column of `nvidia-smi --format=csv`'s header: a query field, with its unit unless `nounits`."""
 
 
@@ -148,6 +148,10 @@ class Assembler:
     key_line_no: int = 0
     preceding: tuple[str, ...] = ()
     """Frames of a traceback whose exception line opened this block: kept as evidence."""
+
+    def start(self, line: str) -> None:
+        """Take the trigger line that opened the block."""
+        self.lines.append(line)
 
     def offer(self, line: str, offset: int, line_no: int) -> Verdict:
         raise NotImplementedError
@@ -207,6 +211,12 @@ class ChildFailedAssembler(Assembler):
     complete: bool = False
     fields: dict[str, str] = field(default_factory=dict)
     script: str | None = None
+
+    def start(self, line: str) -> None:
+        self.lines.append(line)
+        # torch elastic's report cut above its root-cause section (an excerpt, a shipper that
+        # split the record) opens on that section, which still says which rank failed and how.
+        self.in_root_cause = strip_prefix(line).startswith("Root Cause")
 
     def offer(self, line: str, offset: int, line_no: int) -> Verdict:
         body = strip_prefix(line).strip()
@@ -343,10 +353,14 @@ def _csv_cells(line: str) -> list[str]:
 
 
 def _query_header(line: str) -> list[str] | None:
-    cells = _csv_cells(line)
-    if len(cells) < 1 or not all(_QUERY_FIELD.match(cell) for cell in cells):
-        return None
-    return [regex.sub(r" \[[^\]]+\]$", "", cell) for cell in cells]
+    """The field names of a `--query-gpu` CSV header, or None when the line is not one."""
+    names = []
+    for cell in _csv_cells(line):
+        m = _QUERY_FIELD.match(cell)
+        if m is None:
+            return None
+        names.append(m["name"])
+    return names
 
 
 @dataclass(slots=True)
@@ -357,11 +371,14 @@ class QueryCsvAssembler(Assembler):
     the first line with another number of cells. A line that merely names a field (the command
     line itself, `--query-gpu=...`) is no header and opens nothing that finishes."""
 
-    columns: list[str] | None = None
+    columns: list[str] = field(default_factory=list)
+    """The header's field names; empty when the trigger line is no header."""
+
+    def start(self, line: str) -> None:
+        self.lines.append(line)
+        self.columns = _query_header(line) or []
 
     def offer(self, line: str, offset: int, line_no: int) -> Verdict:
-        if self.columns is None:
-            self.columns = _query_header(self.lines[0]) or []
         if not self.columns or len(self.lines) > MAX_QUERY_ROWS:
             return Verdict.CLOSE_WITHOUT
         cells = _csv_cells(line)
@@ -371,9 +388,9 @@ class QueryCsvAssembler(Assembler):
         return Verdict.CLOSE_WITHOUT
 
     def finish(self) -> Block | None:
-        columns = _query_header(self.lines[0])
+        columns = self.columns
         rows = [_csv_cells(line) for line in self.lines[1:]]
-        if columns is None or not rows:
+        if not columns or not rows:
             return None
         text: list[str] = []
         for number, row in enumerate(rows):
@@ -452,9 +469,5 @@ def open_block(
 ) -> Assembler:
     """Start a block on its trigger line."""
     assembler = _KINDS[unit](unit=unit, offset=offset, line_no=line_no, preceding=preceding)
-    assembler.lines.append(line)
-    if isinstance(assembler, ChildFailedAssembler) and strip_prefix(line).startswith("Root Cause"):
-        # torch elastic's report cut above its root-cause section (an excerpt, a shipper that
-        # split the record): the section still says which rank failed and how.
-        assembler.in_root_cause = True
+    assembler.start(line)
     return assembler

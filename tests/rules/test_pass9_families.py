@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 
 from diagnoser.rules import Action, Category, RuleSet
-from tests.rules.families import assert_escalates_naming, assert_healthy, verdict_of
+from tests.rules.families import (
+    assert_escalates_naming,
+    assert_family_verdict,
+    assert_healthy,
+    verdict_of,
+)
 
 STEPS = "".join(
     f"[2026-01-05 10:0{i}:00] step {100 * i}: loss {3.1 - i / 10:.3f}, lr 2.0e-05\n"
@@ -98,7 +103,7 @@ def test_a_transport_warn_is_still_read_by_the_transport_rule(
         "failed : Connection timed out"
     )
     verdict = verdict_of(pack, tmp_path, STEPS, line)
-    assert (verdict.failure_type, verdict.action) == ("nccl_transport_error", Action.RESTART_JOB)
+    assert_family_verdict(verdict, "nccl_transport_error", Action.RESTART_JOB)
 
 
 def test_a_specific_nccl_rule_outranks_the_warn_catch_all(pack: RuleSet, tmp_path: Path) -> None:
@@ -110,7 +115,7 @@ def test_a_specific_nccl_rule_outranks_the_warn_catch_all(pack: RuleSet, tmp_pat
         ]
     )
     verdict = verdict_of(pack, tmp_path, STEPS, lines)
-    assert (verdict.failure_type, verdict.action) == ("nccl_cuda_oom", Action.NOTIFY_USER)
+    assert_family_verdict(verdict, "nccl_cuda_oom", Action.NOTIFY_USER)
 
 
 XLA_STATUS_WORDS = {
@@ -143,7 +148,7 @@ def test_an_out_of_memory_status_in_words_is_read_as_device_oom(
         "exhausted: Out of memory while trying to allocate 8589934592 bytes."
     )
     verdict = verdict_of(pack, tmp_path, STEPS, line)
-    assert (verdict.failure_type, verdict.action) == ("cuda_oom", Action.NOTIFY_USER)
+    assert_family_verdict(verdict, "cuda_oom", Action.NOTIFY_USER)
 
 
 def test_the_distributed_clients_error_callback_escalates_as_an_echo(
@@ -165,7 +170,7 @@ def test_the_echo_yields_to_the_task_that_failed(pack: RuleSet, tmp_path: Path) 
     )
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
     verdict = verdict_of(pack, tmp_path, STEPS, echo, oom)
-    assert (verdict.failure_type, verdict.action) == ("cuda_oom", Action.NOTIFY_USER)
+    assert_family_verdict(verdict, "cuda_oom", Action.NOTIFY_USER)
 
 
 def test_deepspeeds_ssh_check_needs_the_owner(pack: RuleSet, tmp_path: Path) -> None:
@@ -273,7 +278,7 @@ def test_a_query_gpu_table_with_nothing_to_do_stays_silent(
 
 def test_a_drain_p2p_recovery_is_for_a_person(pack: RuleSet, tmp_path: Path) -> None:
     verdict = verdict_of(pack, tmp_path, STEPS, "index, gpu_recovery_action\n0, Drain P2P")
-    assert (verdict.failure_type, verdict.action) == ("gpu_recovery_action", Action.ESCALATE)
+    assert_family_verdict(verdict, "gpu_recovery_action", Action.ESCALATE)
 
 
 def test_only_the_node_that_printed_the_table_is_cordoned(pack: RuleSet, tmp_path: Path) -> None:
@@ -297,7 +302,7 @@ def test_a_bus_error_under_gdb_in_nccls_shared_memory_needs_a_bigger_shm(
         ]
     )
     verdict = verdict_of(pack, tmp_path, STEPS, lines)
-    assert (verdict.failure_type, verdict.action) == ("nccl_shm_error", Action.NOTIFY_USER)
+    assert_family_verdict(verdict, "nccl_shm_error", Action.NOTIFY_USER)
 
 
 def test_a_crash_gdb_reports_elsewhere_escalates(pack: RuleSet, tmp_path: Path) -> None:
@@ -404,7 +409,7 @@ def test_a_fabric_manager_that_is_not_running_is_read_when_torch_raises_it(
 )
 def test_pythons_own_memory_error_is_the_hosts(pack: RuleSet, tmp_path: Path, text: str) -> None:
     verdict = verdict_of(pack, tmp_path, STEPS, text)
-    assert (verdict.failure_type, verdict.action) == ("host_oom", Action.NOTIFY_USER)
+    assert_family_verdict(verdict, "host_oom", Action.NOTIFY_USER)
 
 
 def test_a_memory_error_the_job_retries_past_stays_silent(pack: RuleSet, tmp_path: Path) -> None:
@@ -426,7 +431,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint(
     pack: RuleSet, tmp_path: Path, text: str
 ) -> None:
     verdict = verdict_of(pack, tmp_path, STEPS, text)
-    assert (verdict.failure_type, verdict.action) == ("preempted", Action.RESTART_JOB)
+    assert_family_verdict(verdict, "preempted", Action.RESTART_JOB)
 
 
 def test_a_newer_xla_barrier_timeout_is_a_rendezvous_failure(pack: RuleSet, tmp_path: Path) -> None:
@@ -436,7 +441,7 @@ def test_a_newer_xla_barrier_timeout_is_a_rendezvous_failure(pack: RuleSet, tmp_
         "early or too slowly."
     )
     verdict = verdict_of(pack, tmp_path, STEPS, line)
-    assert (verdict.failure_type, verdict.action) == ("rendezvous_error", Action.RESTART_JOB)
+    assert_family_verdict(verdict, "rendezvous_error", Action.RESTART_JOB)
 
 
 @pytest.mark.parametrize(
@@ -478,14 +483,14 @@ def test_an_elastic_report_cut_above_its_root_cause_still_names_the_failed_rank(
         ]
     )
     verdict = verdict_of(pack, tmp_path, STEPS, report)
-    assert (verdict.failure_type, verdict.action) == ("worker_process_failed", Action.ESCALATE)
+    assert_family_verdict(verdict, "worker_process_failed", Action.ESCALATE)
     assert verdict.culprit_nodes == ("worker-3",)
 
 
 def test_a_cuda_check_macros_capitalised_oom_needs_the_owner(pack: RuleSet, tmp_path: Path) -> None:
     line = "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62"
     verdict = verdict_of(pack, tmp_path, STEPS, line)
-    assert (verdict.failure_type, verdict.action) == ("cuda_oom", Action.NOTIFY_USER)
+    assert_family_verdict(verdict, "cuda_oom", Action.NOTIFY_USER)
 
 
 TRUNCATED_DATA = {
@@ -517,12 +522,12 @@ def test_a_checkpoint_that_is_still_an_lfs_pointer_needs_the_owner(
     pack: RuleSet, tmp_path: Path
 ) -> None:
     verdict = verdict_of(pack, tmp_path, STEPS, "_pickle.UnpicklingError: invalid load key, 'v'.")
-    assert (verdict.failure_type, verdict.action) == ("startup_error", Action.NOTIFY_USER)
+    assert_family_verdict(verdict, "startup_error", Action.NOTIFY_USER)
 
 
 def test_enomem_from_the_kernel_is_a_host_oom(pack: RuleSet, tmp_path: Path) -> None:
     verdict = verdict_of(pack, tmp_path, STEPS, "OSError: [Errno 12] Cannot allocate memory")
-    assert (verdict.failure_type, verdict.action) == ("host_oom", Action.NOTIFY_USER)
+    assert_family_verdict(verdict, "host_oom", Action.NOTIFY_USER)
 
 
 def test_an_exception_that_points_at_a_warning_above_is_still_an_exception(
@@ -554,7 +559,7 @@ def test_a_hub_server_error_is_a_passing_object_store_fault(pack: RuleSet, tmp_p
         "https://huggingface.co/datasets/org/corpus/resolve/main/train-00017-of-01024.parquet"
     )
     verdict = verdict_of(pack, tmp_path, STEPS, line)
-    assert (verdict.failure_type, verdict.action) == ("object_store_error", Action.RESTART_JOB)
+    assert_family_verdict(verdict, "object_store_error", Action.RESTART_JOB)
 
 
 def test_an_ipython_traceback_cut_before_its_last_line_escalates(
