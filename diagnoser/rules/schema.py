@@ -96,6 +96,7 @@ FAILURE_TYPES: dict[str, _FT] = {
     "nccl_shm_error": (Category.RESOURCE, Action.NOTIFY_USER),
     "shm_exhausted": (Category.RESOURCE, Action.NOTIFY_USER),
     "too_many_open_files": (Category.RESOURCE, Action.NOTIFY_USER),
+    "process_limit": (Category.RESOURCE, Action.NOTIFY_USER),
     "memlock_limit": (Category.RESOURCE, Action.NOTIFY_USER),
     "ephemeral_storage_eviction": (Category.RESOURCE, Action.NOTIFY_USER),
     "time_limit": (Category.RESOURCE, Action.NOTIFY_USER),
