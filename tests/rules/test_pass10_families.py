@@ -346,3 +346,133 @@ def test_gpu_faults_without_a_stated_action_escalate(
 
 def test_a_recovery_action_of_none_stays_healthy(pack: RuleSet, tmp_path: Path) -> None:
     assert_healthy(verdict_of(pack, tmp_path, STEPS, "|   Recovery action: 0 (NONE).   |"))
+
+
+RESTART = Action.RESTART_JOB
+NETWORK_AND_STORAGE = {
+    # NCCL's socket set-up in newer releases, and NICs of two link types selected together.
+    "nccl no listening interface": (
+        "gpu-node-07:48213:48577 [0] bootstrap.cc:120 NCCL WARN NET/Socket : No usable "
+        "listening interface found",
+        "startup_error",
+        NOTIFY,
+    ),
+    "nccl oob interface": (
+        "gpu-node-07:48213:48577 [0] bootstrap.cc:577 NCCL WARN no device found matching "
+        "ens9f0, verify NCCL_OOB_NET_IFNAME",
+        "startup_error",
+        NOTIFY,
+    ),
+    "nccl incompatible nics": (
+        "gpu-node-07:48213:48577 [0] transport/net_ib/connect.cc:987 NCCL WARN NET/IB : "
+        "Attempted to connect incompatible devices: [0]mlx5_0:1/IB and [0]mlx5_4:1/RoCE. Try "
+        "selecting NICs of only one link type using NCCL_IB_HCA",
+        "startup_error",
+        NOTIFY,
+    ),
+    "ib catastrophic with its device": (
+        "gpu-node-07:48213:48577 [0] transport/net_ib.cc:101 NCCL WARN NET/IB : mlx5_2:1 Got "
+        "async event : local catastrophic error",
+        "ib_host_fault",
+        CORDON,
+    ),
+    "open mpi readv": (
+        "[gpu-node-07][[41233,1],3][btl_tcp_frag.c:247:mca_btl_tcp_frag_recv] "
+        "mca_btl_tcp_frag_recv: readv failed: Connection timed out (110)",
+        "socket_closed",
+        RESTART,
+    ),
+    "xla heartbeat": (
+        "E1206 19:20:55.000123  48213 coordination_service.cc:472] Task "
+        "/job:jax_worker/replica:0/task:8 heartbeat timeout. This indicates that the remote "
+        "task has failed, got preempted, or crashed unexpectedly.",
+        "rendezvous_error",
+        RESTART,
+    ),
+    # Reads that stopped part way or came back damaged: reading again works.
+    "aiohttp payload": (
+        "aiohttp.client_exceptions.ClientPayloadError: Response payload is not completed: "
+        "<TransferEncodingError: 400, message='Not enough data to satisfy transfer length "
+        "header.'>",
+        "object_store_error",
+        RESTART,
+    ),
+    "hub consistency check": (
+        "OSError: Consistency check failed: file should be of size 4976698672 but has size "
+        "2147483648 (model-00001-of-00002.safetensors).",
+        "object_store_error",
+        RESTART,
+    ),
+    "s3fs slow down": (
+        "OSError: [Errno 16] Please reduce your request rate.",
+        "object_store_error",
+        RESTART,
+    ),
+    "megatron missing checkpoint": (
+        ">> '--exit-on-missing-checkpoint' is set but no checkpoint was found under load "
+        "directory '/ckpt/run1' (missing metadata/tracker file "
+        "'/ckpt/run1/latest_checkpointed_iteration.txt'). Exiting with a non-zero status. <<",
+        "startup_error",
+        NOTIFY,
+    ),
+}
+
+STORAGE_ESCALATIONS = {
+    "zip crc": "[rank0]: RuntimeError: PytorchStreamReader failed reading file data/104: "
+    "CRC-32 check failed",
+    "zip not an archive": "RuntimeError: PytorchStreamReader failed reading zip archive: not "
+    "a ZIP archive",
+    "safetensors old spelling": "safetensors_rust.SafetensorError: Error while deserializing "
+    "header: HeaderTooLarge",
+    "safetensors new spelling": "safetensors_rust.SafetensorError: Error while deserializing "
+    "header: incomplete metadata, file not fully covered",
+    "zero-filled pickle": "_pickle.UnpicklingError: invalid load key, '\\x00'.",
+    "hdf5 signature": "OSError: Unable to open file (file signature not found)",
+    "megatron tracker": "ERROR: Invalid metadata file "
+    "/ckpt/run1/latest_checkpointed_iteration.txt. Exiting",
+    "xfs log": "[Sun Dec  6 20:41:07 2026] XFS (md0): Filesystem has been shut down due to log "
+    "error (0x2).",
+    "nvme timeout": "[Sun Dec  6 20:41:07 2026] nvme nvme1: I/O tag 712 (d2c8) opcode 0x2 (I/O "
+    "Cmd) QID 17 timeout, aborting req_op:READ(0) size:131072",
+    "nccl comm abort state": "gpu-node-07:48213:48577 [2] proxy.cc:1371 NCCL WARN Comm "
+    "0x55d1c3a0 is in abort state",
+}
+
+RETRIES_THAT_SUCCEED = {
+    "nccl ibv_modify_qp retry": "gpu-node-07:48213:48577 [0] NCCL INFO Call to ibv_modify_qp "
+    "failed with 110 Connection timed out, on dev mlx5_1:1, curr state INIT, next state RTR, "
+    "retrying 1/5 after 500 msec of sleep\n"
+    "gpu-node-07:48213:48577 [0] NCCL INFO comm 0x55d1c3a0 rank 0 nranks 16 - Init COMPLETE",
+    "tcpstore retry": "[W1206 19:45:43.892069000 TCPStore.cpp:347] [c10d] TCP client failed to "
+    "connect/validate to host 10.42.7.1:29500 - retrying (try=0, timeout=1800000ms, "
+    "delay=487ms): Connection reset by peer",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NETWORK_AND_STORAGE))
+def test_network_and_storage_spellings_get_their_action(
+    pack: RuleSet, tmp_path: Path, name: str
+) -> None:
+    text, failure_type, action = NETWORK_AND_STORAGE[name]
+    assert_family_verdict(verdict_of(pack, tmp_path, STEPS, text), failure_type, action)
+
+
+@pytest.mark.parametrize("name", sorted(STORAGE_ESCALATIONS))
+def test_damaged_files_and_failing_disks_escalate(pack: RuleSet, tmp_path: Path, name: str) -> None:
+    line = STORAGE_ESCALATIONS[name]
+    verdict = verdict_of(pack, tmp_path, STEPS, line)
+    assert_escalates_naming(verdict, line)
+
+
+@pytest.mark.parametrize("name", sorted(RETRIES_THAT_SUCCEED))
+def test_retries_that_succeed_stay_healthy(pack: RuleSet, tmp_path: Path, name: str) -> None:
+    text = RETRIES_THAT_SUCCEED[name] + "\nstep 4: loss 2.58"
+    assert_healthy(verdict_of(pack, tmp_path, STEPS, text))
+
+
+def test_an_unreachable_hub_that_did_not_time_out_is_not_a_passing_read(
+    pack: RuleSet, tmp_path: Path
+) -> None:
+    # An air-gapped node prints the same sentence with (ConnectionError): a restart fails again.
+    text = "ConnectionError: Couldn't reach 'allenai/c4' on the Hub (ConnectionError)"
+    assert verdict_of(pack, tmp_path, STEPS, text).failure_type != "object_store_error"
