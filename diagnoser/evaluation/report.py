@@ -114,6 +114,8 @@ def render(
         console.print(escape(line))
         if gap is not None:
             console.print(f"dev-test gap on action: {gap:+.2f}")
+        if summary.plain is not None:
+            console.print(escape(_plain_line(summary, summary.plain)))
     misses = listed_misses(summary, show_test_cases)
     hidden = len(summary.misses) - len(misses)
     if misses:
@@ -138,6 +140,23 @@ def render(
             console.print(f"[bold red]FAIL[/] {escape(reason)}")
     else:
         console.print("[bold green]PASS[/]")
+
+
+def _plain_line(summary: Summary, plain: Summary) -> str:
+    """The scores without the cases whose log points at another cause (tag `misleading`)."""
+    tagged = summary.cases[TOTAL] - plain.cases[TOTAL]
+    sides = [
+        f"{side} ({plain.splits[side].cases[TOTAL]}) "
+        + ", ".join(
+            f"{HEADERS[name]} {_cell(name, plain.splits[side].metrics[TOTAL][name], summary.runs)}"
+            for name in ("action_accuracy", "category_accuracy")
+        )
+        for side in SIDES
+        if side in plain.splits
+    ]
+    line = f"without the {tagged} cases tagged misleading: " + "; ".join(sides)
+    gap = plain.gap()
+    return line + (f"; gap on action {gap:+.2f}" if gap is not None else "")
 
 
 def _spread_json(value: Spread | None) -> dict[str, float] | None:
@@ -177,8 +196,10 @@ def as_json(
     """The stable `eval --json` shape: every metric as {mean, stdev, min, max} (or null).
 
     `total` and `classes` are over every case, as before the split; `splits` holds the same
-    `total` and `classes` per side, and `gap` dev minus test. `misses` lists the cases off the
-    test split only, unless `show_test_cases`; `test_misses_hidden` counts the ones left out."""
+    `total` and `classes` per side, and `gap` dev minus test. `without_misleading` holds the
+    same `total`, `splits` and `gap` over the cases not tagged `misleading` (null when no case
+    or every case is). `misses` lists the cases off the test split only, unless
+    `show_test_cases`; `test_misses_hidden` counts the ones left out."""
 
     def row(part: Summary, name: str) -> dict[str, Any]:
         metrics = part.metrics[name]
@@ -190,11 +211,20 @@ def as_json(
             "classes": {name: row(part, name) for name in part.metrics if name != TOTAL},
         }
 
+    def gaps(part: Summary) -> dict[str, float | None]:
+        return {
+            metric: None if (value := part.gap(metric)) is None else round(value, 4)
+            for metric in ("action_accuracy", "category_accuracy", "culprit_accuracy")
+        }
+
+    def plain(part: Summary) -> dict[str, Any]:
+        return {
+            "total": row(part, TOTAL),
+            "splits": {side: {"total": row(s, TOTAL)} for side, s in part.splits.items()},
+            "gap": gaps(part),
+        }
+
     misses = listed_misses(summary, show_test_cases)
-    gap = {
-        metric: None if (value := summary.gap(metric)) is None else round(value, 4)
-        for metric in ("action_accuracy", "category_accuracy", "culprit_accuracy")
-    }
     return {
         "runs": summary.runs,
         "passed": not failures,
@@ -204,5 +234,6 @@ def as_json(
         "test_cases_shown": show_test_cases,
         "test_misses_hidden": len(summary.misses) - len(misses),
         "splits": {side: rows(part) for side, part in summary.splits.items()},
-        "gap": gap,
+        "gap": gaps(summary),
+        "without_misleading": None if summary.plain is None else plain(summary.plain),
     }

@@ -129,6 +129,7 @@ def run(
                     case.expected,
                     diagnoser(case),
                     case.split.value,
+                    case.tags,
                 )
                 for case in cases
             ]

@@ -10,13 +10,17 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from diagnoser.diagnosis.correlate import Status
 from diagnoser.rules import Action, Category
 
 TOTAL = "total"
+MISLEADING = "misleading"
+"""The case tag for a log that points at another cause than the one its thread established
+(set when the case is labelled, before any diagnoser run): no reading of the text can be right
+on it except by luck, so the report also scores the cases without it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,8 @@ class Record:
     got: Labels
     split: str = "dev"
     """`dev` or `test` (evals/README.md): the side of the held-back split the case is on."""
+    tags: tuple[str, ...] = ()
+    """The case's tags (`truncated`, `misleading`, ...), as labelled."""
 
     @property
     def action_ok(self) -> bool:
@@ -277,6 +283,10 @@ class Summary:
     splits: Mapping[str, Summary] = field(default_factory=dict)
     """The same summary over each side of the split alone (`dev`, `test`), when the records
     carry more than one."""
+    plain: Summary | None = None
+    """The same summary (with its splits) over the cases not tagged `misleading`, when some
+    are: what a reading of the text can get right, apart from the cases whose text points
+    elsewhere."""
 
     def gap(self, metric: str = "action_accuracy") -> float | None:
         """Dev minus test on a metric: how much of the dev score is memory, not skill."""
@@ -294,9 +304,17 @@ def _spread(values: list[float | None]) -> Spread | None:
 
 def summarise(runs: Sequence[Sequence[Record]]) -> Summary:
     """Reduce N runs over the same cases to each metric's spread, and the cases ever missed;
-    and the same for each side of the split."""
+    and the same for each side of the split, and over the cases not tagged `misleading`."""
     if not runs:
         raise ValueError("nothing to summarise: no runs")
+    whole = _with_splits(runs)
+    plain = [[r for r in run if MISLEADING not in r.tags] for run in runs]
+    if not plain[0] or len(plain[0]) == len(runs[0]):
+        return whole
+    return replace(whole, plain=_with_splits(plain))
+
+
+def _with_splits(runs: Sequence[Sequence[Record]]) -> Summary:
     summary = _summarise(runs)
     sides = sorted({record.split for record in runs[0]})
     if len(sides) < 2:
@@ -304,7 +322,7 @@ def summarise(runs: Sequence[Sequence[Record]]) -> Summary:
     splits = {
         side: _summarise([[r for r in run if r.split == side] for run in runs]) for side in sides
     }
-    return Summary(summary.runs, summary.cases, summary.metrics, summary.misses, splits)
+    return replace(summary, splits=splits)
 
 
 def _summarise(runs: Sequence[Sequence[Record]]) -> Summary:

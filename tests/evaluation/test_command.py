@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnoser.evaluation.corpus import load_corpus
 from tests.servers import run_diagnoser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,6 +96,19 @@ def test_dev_and_test_are_reported_side_by_side_with_the_gap() -> None:
     table = evaluate("evals/").stdout
     assert "dev / test" in table
     assert "dev-test gap on action" in table
+
+
+def test_the_cases_tagged_misleading_are_scored_apart_as_well() -> None:
+    cases = load_corpus(ROOT / "evals")
+    plain = {
+        side: sum(1 for c in cases if c.split.value == side and "misleading" not in c.tags)
+        for side in ("dev", "test")
+    }
+    report = json.loads(evaluate("evals/", "--json").stdout)["without_misleading"]
+    assert {side: report["splits"][side]["total"]["cases"] for side in plain} == plain
+    assert 0 < sum(plain.values()) < len(cases)
+    assert report["splits"]["test"]["total"]["false_cordons"]["max"] == 0
+    assert "cases tagged misleading" in evaluate("evals/").stdout
 
 
 def test_a_test_floor_above_reach_fails_the_gate(tmp_path: Path) -> None:

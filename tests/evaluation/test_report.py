@@ -55,3 +55,34 @@ def test_json_lists_no_test_case_unless_asked() -> None:
     opted_in = as_json(summary, [], show_test_cases=True)
     assert [miss["case"] for miss in opted_in["misses"]] == ["dev-miss", "held-back-miss"]
     assert opted_in["test_misses_hidden"] == 0
+
+
+def summary_with_a_misleading_miss() -> Summary:
+    run = [
+        Record("dev-right", "cuda_oom", "https://example.org/a", OOM, OOM, "dev"),
+        Record("dev-misled", "cuda_oom", "https://example.org/b", OOM, HEALTHY, "dev",
+               ("misleading",)),
+        Record("held-back-right", "cuda_oom", "https://example.org/c", OOM, OOM, "test"),
+        Record("held-back-miss", "cuda_oom", "https://example.org/d", OOM, HEALTHY, "test"),
+    ]  # fmt: skip
+    return summarise([run])
+
+
+def test_the_scores_without_the_misleading_cases_are_printed_beside_the_gap() -> None:
+    out = io.StringIO()
+    render(summary_with_a_misleading_miss(), [], Console(file=out, width=200))
+    assert (
+        "without the 1 cases tagged misleading: dev (1) action 1.00, category 1.00; "
+        "test (2) action 0.50, category 0.50; gap on action +0.50"
+    ) in out.getvalue()
+
+
+def test_json_carries_the_scores_without_the_misleading_cases() -> None:
+    result = as_json(summary_with_a_misleading_miss(), [])
+    plain = result["without_misleading"]
+    assert plain["total"]["cases"] == 3
+    assert plain["splits"]["dev"]["total"]["action_accuracy"]["mean"] == 1.0
+    assert plain["splits"]["test"]["total"]["silent_misses"]["mean"] == 1
+    assert plain["gap"]["action_accuracy"] == 0.5
+    assert result["gap"]["action_accuracy"] == 0.0
+    assert as_json(summary_with_a_miss_on_each_side(), [])["without_misleading"] is None

@@ -204,3 +204,39 @@ def test_one_split_alone_has_no_side_summaries() -> None:
     assert gate(summary, Floors(splits={"test": Floors(0.5)})) == [
         "test: floors set, but no case is on the test split"
     ]
+
+
+def test_cases_tagged_misleading_are_also_scored_apart() -> None:
+    hw = labels(CORDON, Category.HARDWARE, "n1")
+    misled = labels(Action.NOTIFY_USER, Category.USER_CODE)
+
+    def tagged(case: str, split: str, got: Labels, *tags: str) -> Record:
+        return Record(case, "c", "https://example.org/issue", hw, got, split, tags)
+
+    run = [
+        tagged("a", "dev", hw, "truncated"),
+        tagged("b", "dev", misled, "misleading"),
+        tagged("c", "test", hw),
+        tagged("d", "test", misled, "misleading", "truncated"),
+    ]
+    summary = summarise([run])
+    assert summary.gap() == 0.0
+    plain = summary.plain
+    assert plain is not None
+    assert plain.cases[TOTAL] == 2
+    assert {side: part.cases[TOTAL] for side, part in plain.splits.items()} == {
+        "dev": 1,
+        "test": 1,
+    }
+    action = plain.metrics[TOTAL]["action_accuracy"]
+    assert action is not None
+    assert action.mean == 1.0
+    assert [m.case_id for m in summary.misses] == ["b", "d"]
+    assert plain.misses == ()
+
+
+def test_without_a_misleading_case_there_is_no_second_summary() -> None:
+    hw = labels(CORDON, Category.HARDWARE, "n1")
+    assert summarise([[record(hw, hw)]]).plain is None
+    only = Record("a", "c", "https://example.org/issue", hw, hw, "dev", ("misleading",))
+    assert summarise([[only]]).plain is None
