@@ -161,14 +161,6 @@ def test_their_harmless_neighbours_stay_healthy(pack: RuleSet, tmp_path: Path, n
     assert_healthy(verdict_of(pack, tmp_path, STEPS, RESOURCE_NEIGHBOURS[name]))
 
 
-@pytest.mark.parametrize("name", sorted(ESCALATIONS))
-def test_other_native_statuses_escalate_naming_their_line(
-    pack: RuleSet, tmp_path: Path, name: str
-) -> None:
-    line = ESCALATIONS[name]
-    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, line), line)
-
-
 STARTUP_FAILURES = {
     # Kernel libraries and compilers refusing the settings on this GPU or runtime.
     "flash-attn dtype": "RuntimeError: FlashAttention only support fp16 and bf16 data type",
@@ -328,22 +320,6 @@ HARDWARE_ESCALATIONS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(HARDWARE))
-def test_gpu_faults_in_more_spellings_get_their_bucket(
-    pack: RuleSet, tmp_path: Path, name: str
-) -> None:
-    text, failure_type, action = HARDWARE[name]
-    assert_family_verdict(verdict_of(pack, tmp_path, STEPS, text), failure_type, action)
-
-
-@pytest.mark.parametrize("name", sorted(HARDWARE_ESCALATIONS))
-def test_gpu_faults_without_a_stated_action_escalate(
-    pack: RuleSet, tmp_path: Path, name: str
-) -> None:
-    line = HARDWARE_ESCALATIONS[name]
-    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, line), line)
-
-
 def test_a_recovery_action_of_none_stays_healthy(pack: RuleSet, tmp_path: Path) -> None:
     assert_healthy(verdict_of(pack, tmp_path, STEPS, "|   Recovery action: 0 (NONE).   |"))
 
@@ -449,21 +425,6 @@ RETRIES_THAT_SUCCEED = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(NETWORK_AND_STORAGE))
-def test_network_and_storage_spellings_get_their_action(
-    pack: RuleSet, tmp_path: Path, name: str
-) -> None:
-    text, failure_type, action = NETWORK_AND_STORAGE[name]
-    assert_family_verdict(verdict_of(pack, tmp_path, STEPS, text), failure_type, action)
-
-
-@pytest.mark.parametrize("name", sorted(STORAGE_ESCALATIONS))
-def test_damaged_files_and_failing_disks_escalate(pack: RuleSet, tmp_path: Path, name: str) -> None:
-    line = STORAGE_ESCALATIONS[name]
-    verdict = verdict_of(pack, tmp_path, STEPS, line)
-    assert_escalates_naming(verdict, line)
-
-
 @pytest.mark.parametrize("name", sorted(RETRIES_THAT_SUCCEED))
 def test_retries_that_succeed_stay_healthy(pack: RuleSet, tmp_path: Path, name: str) -> None:
     text = RETRIES_THAT_SUCCEED[name] + "\nstep 4: loss 2.58"
@@ -476,3 +437,25 @@ def test_an_unreachable_hub_that_did_not_time_out_is_not_a_passing_read(
     # An air-gapped node prints the same sentence with (ConnectionError): a restart fails again.
     text = "ConnectionError: Couldn't reach 'allenai/c4' on the Hub (ConnectionError)"
     assert verdict_of(pack, tmp_path, STEPS, text).failure_type != "object_store_error"
+
+
+FAMILY_ACTIONS = {**HARDWARE, **NETWORK_AND_STORAGE}
+"""Hardware, network and storage spellings whose source states an action."""
+ALL_ESCALATIONS = {**ESCALATIONS, **HARDWARE_ESCALATIONS, **STORAGE_ESCALATIONS}
+"""Failures whose source names no action a rule may take: a person reads them."""
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_ACTIONS))
+def test_each_spelling_gets_the_action_its_source_states(
+    pack: RuleSet, tmp_path: Path, name: str
+) -> None:
+    text, failure_type, action = FAMILY_ACTIONS[name]
+    assert_family_verdict(verdict_of(pack, tmp_path, STEPS, text), failure_type, action)
+
+
+@pytest.mark.parametrize("name", sorted(ALL_ESCALATIONS))
+def test_failures_without_a_stated_action_escalate_naming_their_line(
+    pack: RuleSet, tmp_path: Path, name: str
+) -> None:
+    line = ALL_ESCALATIONS[name]
+    assert_escalates_naming(verdict_of(pack, tmp_path, STEPS, line), line)
