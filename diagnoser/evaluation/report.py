@@ -114,8 +114,8 @@ def render(
         console.print(escape(line))
         if gap is not None:
             console.print(f"dev-test gap on action: {gap:+.2f}")
-        if summary.plain is not None:
-            console.print(escape(_plain_line(summary, summary.plain)))
+        if summary.without_misleading is not None:
+            console.print(escape(_without_misleading_line(summary, summary.without_misleading)))
     misses = listed_misses(summary, show_test_cases)
     hidden = len(summary.misses) - len(misses)
     if misses:
@@ -142,20 +142,20 @@ def render(
         console.print("[bold green]PASS[/]")
 
 
-def _plain_line(summary: Summary, plain: Summary) -> str:
+def _without_misleading_line(summary: Summary, kept: Summary) -> str:
     """The scores without the cases whose log points at another cause (tag `misleading`)."""
-    tagged = summary.cases[TOTAL] - plain.cases[TOTAL]
+    tagged = summary.cases[TOTAL] - kept.cases[TOTAL]
     sides = [
-        f"{side} ({plain.splits[side].cases[TOTAL]}) "
+        f"{side} ({kept.splits[side].cases[TOTAL]}) "
         + ", ".join(
-            f"{HEADERS[name]} {_cell(name, plain.splits[side].metrics[TOTAL][name], summary.runs)}"
+            f"{HEADERS[name]} {_cell(name, kept.splits[side].metrics[TOTAL][name], summary.runs)}"
             for name in ("action_accuracy", "category_accuracy")
         )
         for side in SIDES
-        if side in plain.splits
+        if side in kept.splits
     ]
     line = f"without the {tagged} cases tagged misleading: " + "; ".join(sides)
-    gap = plain.gap()
+    gap = kept.gap()
     return line + (f"; gap on action {gap:+.2f}" if gap is not None else "")
 
 
@@ -217,7 +217,7 @@ def as_json(
             for metric in ("action_accuracy", "category_accuracy", "culprit_accuracy")
         }
 
-    def plain(part: Summary) -> dict[str, Any]:
+    def without_misleading(part: Summary) -> dict[str, Any]:
         return {
             "total": row(part, TOTAL),
             "splits": {side: {"total": row(s, TOTAL)} for side, s in part.splits.items()},
@@ -235,5 +235,7 @@ def as_json(
         "test_misses_hidden": len(summary.misses) - len(misses),
         "splits": {side: rows(part) for side, part in summary.splits.items()},
         "gap": gaps(summary),
-        "without_misleading": None if summary.plain is None else plain(summary.plain),
+        "without_misleading": None
+        if summary.without_misleading is None
+        else without_misleading(summary.without_misleading),
     }

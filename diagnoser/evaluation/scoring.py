@@ -283,7 +283,7 @@ class Summary:
     splits: Mapping[str, Summary] = field(default_factory=dict)
     """The same summary over each side of the split alone (`dev`, `test`), when the records
     carry more than one."""
-    plain: Summary | None = None
+    without_misleading: Summary | None = None
     """The same summary (with its splits) over the cases not tagged `misleading`, when some
     are: what a reading of the text can get right, apart from the cases whose text points
     elsewhere."""
@@ -308,10 +308,10 @@ def summarise(runs: Sequence[Sequence[Record]]) -> Summary:
     if not runs:
         raise ValueError("nothing to summarise: no runs")
     whole = _with_splits(runs)
-    plain = [[r for r in run if MISLEADING not in r.tags] for run in runs]
-    if not plain[0] or len(plain[0]) == len(runs[0]):
+    kept = [[r for r in run if MISLEADING not in r.tags] for run in runs]
+    if not kept[0] or len(kept[0]) == len(runs[0]):
         return whole
-    return replace(whole, plain=_with_splits(plain))
+    return replace(whole, without_misleading=_with_splits(kept))
 
 
 def _with_splits(runs: Sequence[Sequence[Record]]) -> Summary:

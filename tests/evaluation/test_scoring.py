@@ -221,22 +221,22 @@ def test_cases_tagged_misleading_are_also_scored_apart() -> None:
     ]
     summary = summarise([run])
     assert summary.gap() == 0.0
-    plain = summary.plain
-    assert plain is not None
-    assert plain.cases[TOTAL] == 2
-    assert {side: part.cases[TOTAL] for side, part in plain.splits.items()} == {
+    kept = summary.without_misleading
+    assert kept is not None
+    assert kept.cases[TOTAL] == 2
+    assert {side: part.cases[TOTAL] for side, part in kept.splits.items()} == {
         "dev": 1,
         "test": 1,
     }
-    action = plain.metrics[TOTAL]["action_accuracy"]
+    action = kept.metrics[TOTAL]["action_accuracy"]
     assert action is not None
     assert action.mean == 1.0
     assert [m.case_id for m in summary.misses] == ["b", "d"]
-    assert plain.misses == ()
+    assert kept.misses == ()
 
 
 def test_without_a_misleading_case_there_is_no_second_summary() -> None:
     hw = labels(CORDON, Category.HARDWARE, "n1")
-    assert summarise([[record(hw, hw)]]).plain is None
+    assert summarise([[record(hw, hw)]]).without_misleading is None
     only = Record("a", "c", "https://example.org/issue", hw, hw, "dev", ("misleading",))
-    assert summarise([[only]]).plain is None
+    assert summarise([[only]]).without_misleading is None
