@@ -105,10 +105,8 @@ def render(
     else:
         console.print(_table(summary, title))
     if split:
-        total = summary.metrics[TOTAL]
-        line = f"all {summary.cases[TOTAL]} cases: " + ", ".join(
-            f"{HEADERS[name]} {_cell(name, total[name], summary.runs)}"
-            for name in ("action_accuracy", "category_accuracy", "culprit_accuracy")
+        line = f"all {summary.cases[TOTAL]} cases: " + _accuracies(
+            summary, ("action_accuracy", "category_accuracy", "culprit_accuracy"), summary.runs
         )
         gap = summary.gap()
         console.print(escape(line))
@@ -142,15 +140,18 @@ def render(
         console.print("[bold green]PASS[/]")
 
 
+def _accuracies(part: Summary, names: tuple[str, ...], runs: int) -> str:
+    """`action 0.92, category 0.94`: the total row's accuracies, for the lines under a table."""
+    total = part.metrics[TOTAL]
+    return ", ".join(f"{HEADERS[name]} {_cell(name, total[name], runs)}" for name in names)
+
+
 def _without_misleading_line(summary: Summary, kept: Summary) -> str:
     """The scores without the cases whose log points at another cause (tag `misleading`)."""
     tagged = summary.cases[TOTAL] - kept.cases[TOTAL]
     sides = [
         f"{side} ({kept.splits[side].cases[TOTAL]}) "
-        + ", ".join(
-            f"{HEADERS[name]} {_cell(name, kept.splits[side].metrics[TOTAL][name], summary.runs)}"
-            for name in ("action_accuracy", "category_accuracy")
-        )
+        + _accuracies(kept.splits[side], ("action_accuracy", "category_accuracy"), summary.runs)
         for side in SIDES
         if side in kept.splits
     ]
